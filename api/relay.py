@@ -1,0 +1,138 @@
+"""Relays a job's events to the SSE clients of this api process (DESIGN.md §1 step 6).
+
+One pub/sub connection per process, demultiplexed in-process. A client subscribes first, then
+reads the durable event stream after its last index, then takes live events, deduplicating by
+index: pub/sub alone is at-most-once; the event stream makes the relay lossless and resumable.
+A client whose bounded buffer overflows is moved back to reading the durable stream, so a slow
+client never blocks the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import suppress
+from dataclasses import dataclass, field
+
+from redis.asyncio import Redis
+
+from schemas.job import JobEvent
+from schemas.keys import Keys
+
+log = logging.getLogger(__name__)
+
+CLIENT_BUFFER = 1024
+KEEPALIVE_S = 15.0
+
+
+@dataclass(eq=False)
+class _Listener:
+    queue: asyncio.Queue[JobEvent] = field(default_factory=lambda: asyncio.Queue(CLIENT_BUFFER))
+    overflowed: bool = False
+
+
+class Relay:
+    def __init__(self, redis: Redis, keys: Keys) -> None:
+        self.redis = redis
+        self.keys = keys
+        self._pubsub = redis.pubsub()
+        self._listeners: dict[str, set[_Listener]] = {}
+        self._confirmed: dict[str, asyncio.Event] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def num_clients(self) -> int:
+        return sum(len(v) for v in self._listeners.values())
+
+    async def start(self) -> None:
+        # A pub/sub connection needs one subscription before it can be read.
+        await self._pubsub.subscribe(f"{self.keys.prefix}:relay")
+        self._task = asyncio.create_task(self._read(), name="relay")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with suppress(asyncio.CancelledError):
+                await self._task
+        await self._pubsub.aclose()
+
+    async def _read(self) -> None:
+        while True:
+            message = await self._pubsub.get_message(timeout=1.0)
+            if message is None:
+                continue
+            channel = message["channel"]
+            if message["type"] == "subscribe" and channel in self._confirmed:
+                self._confirmed[channel].set()
+            if message["type"] != "message":
+                continue
+            try:
+                event = JobEvent.model_validate_json(message["data"])
+            except ValueError:
+                log.warning("dropping a malformed event on %s", channel)
+                continue
+            for listener in self._listeners.get(channel, ()):
+                try:
+                    listener.queue.put_nowait(event)
+                except asyncio.QueueFull:
+                    listener.overflowed = True
+
+    async def _subscribe(self, channel: str, listener: _Listener) -> None:
+        listeners = self._listeners.setdefault(channel, set())
+        listeners.add(listener)
+        if channel not in self._confirmed:
+            self._confirmed[channel] = asyncio.Event()
+            await self._pubsub.subscribe(channel)
+        await asyncio.wait_for(self._confirmed[channel].wait(), timeout=10)
+
+    async def _unsubscribe(self, channel: str, listener: _Listener) -> None:
+        listeners = self._listeners.get(channel)
+        if listeners is None:
+            return
+        listeners.discard(listener)
+        if not listeners:
+            del self._listeners[channel]
+            self._confirmed.pop(channel, None)
+            await self._pubsub.unsubscribe(channel)
+
+    async def backlog(self, job_id: str, after: int) -> list[JobEvent]:
+        """Events of the durable stream with index > after."""
+        entries = await self.redis.xrange(self.keys.events(job_id))
+        events = [JobEvent.model_validate_json(fields["e"]) for _id, fields in entries]
+        return [e for e in events if e.index > after]
+
+    async def events(self, job_id: str, after: int = -1) -> AsyncIterator[JobEvent | None]:
+        """Yields the job's events with index > after, ending with the final one.
+
+        Yields None when nothing arrived for KEEPALIVE_S (time for an SSE keep-alive comment).
+        """
+        channel = self.keys.channel(job_id)
+        listener = _Listener()
+        await self._subscribe(channel, listener)
+        last = after
+        try:
+            while True:
+                for event in await self.backlog(job_id, last):
+                    last = event.index
+                    yield event
+                    if event.final:
+                        return
+                listener.overflowed = False
+                while not listener.overflowed:
+                    try:
+                        event = await asyncio.wait_for(listener.queue.get(), timeout=KEEPALIVE_S)
+                    except TimeoutError:
+                        yield None
+                        continue
+                    if event.index <= last:  # already sent from the backlog
+                        continue
+                    last = event.index
+                    yield event
+                    if event.final:
+                        return
+                # Overflowed: drop the buffer and catch up from the durable stream.
+                while not listener.queue.empty():
+                    listener.queue.get_nowait()
+        finally:
+            await self._unsubscribe(channel, listener)

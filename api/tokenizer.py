@@ -1,0 +1,27 @@
+"""Tokenizing in the api (as TGI's router does) keeps bad input out of the queue.
+
+Uses the `tokenizers` library directly: the api process never loads torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+
+class PromptTokenizer:
+    def __init__(self, model_dir: Path) -> None:
+        path = Path(model_dir) / "tokenizer.json"
+        if not path.exists():
+            raise FileNotFoundError(
+                f"{path} not found: the model directory needs a fast tokenizer (tokenizer.json); "
+                "run `conveyor model convert` or point --model at a Hugging Face model directory"
+            )
+        self._tokenizer = Tokenizer.from_file(str(path))
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tokenizer.encode(text).ids)
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=False)

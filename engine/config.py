@@ -1,0 +1,23 @@
+"""Engine limits and cache geometry. Field names follow TGI's launcher where TGI has one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    block_size: int = 16
+    # Tokens of prefill (prompt chunks) one step may process.
+    max_batch_prefill_tokens: int = 4096
+    # Sum of the context lengths (prompt + generated) of all sequences in the batch; None: bounded
+    # only by the KV blocks.
+    max_batch_total_tokens: int | None = None
+    max_batch_size: int = 256  # running sequences at most
+    enable_prefix_caching: bool = True
+    # KV cache budget in bytes; None: `kv_cache_fraction` of free device memory.
+    kv_cache_memory: int | None = None
+    kv_cache_fraction: float = 0.3
+    num_blocks: int | None = None  # overrides the memory budget (tests)
+    dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
+    device: str = "auto"  # auto: cuda when available, else cpu

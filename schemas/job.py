@@ -1,0 +1,105 @@
+"""A job as it travels through Redis: the spec the api writes, the events the worker publishes,
+the record both keep up to date. Shared by api and worker; no dialect-specific shapes here.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, Field
+
+
+class JobStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self not in (JobStatus.QUEUED, JobStatus.RUNNING)
+
+
+class SamplingSpec(BaseModel):
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    typical_p: float = 1.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    seed: int | None = None
+    top_n_tokens: int = 0
+
+
+class StoppingSpec(BaseModel):
+    max_new_tokens: int = Field(ge=1)
+    stop: list[str] = Field(default_factory=list)
+    ignore_eos: bool = False
+
+
+class JobSpec(BaseModel):
+    """What a worker needs to run a job; written once by the api, never changed."""
+
+    id: str
+    tenant: str = "default"
+    created_at: float
+    prompt_ids: list[int]
+    sampling: SamplingSpec = Field(default_factory=SamplingSpec)
+    stopping: StoppingSpec
+    priority: int = 0
+    deadline: float | None = None  # epoch seconds; a job still queued then ends `expired`
+
+
+class EventToken(BaseModel):
+    id: int
+    text: str
+    logprob: float | None = None
+    special: bool = False
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+class JobResult(BaseModel):
+    status: JobStatus
+    generated_text: str = ""
+    finish_reason: str | None = None  # eos_token | length | stop_sequence | cancelled | expired | error
+    usage: Usage | None = None
+    seed: int | None = None
+    error: str | None = None
+
+
+class JobEvent(BaseModel):
+    """One entry of a job's event stream and pub/sub channel.
+
+    Token events have index 0..n-1. The last event of a job has `final` set and carries the result;
+    it is the last token's event, or — for a job that ends without a token (cancelled, expired,
+    failed) — an event without `token` whose index is the number of tokens before it.
+    """
+
+    index: int
+    token: EventToken | None = None
+    top_tokens: list[EventToken] = Field(default_factory=list)
+    final: bool = False
+    result: JobResult | None = None
+
+
+# Fields of the job record hash.
+class RecordField(StrEnum):
+    STATUS = "status"
+    SPEC = "spec"
+    TENANT = "tenant"
+    CREATED_AT = "created_at"
+    STARTED_AT = "started_at"
+    FIRST_TOKEN_AT = "first_token_at"
+    FINISHED_AT = "finished_at"
+    WORKER = "worker"
+    RESULT = "result"
+    CANCEL = "cancel"

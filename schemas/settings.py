@@ -1,0 +1,130 @@
+"""One typed settings object per process, read from flags and environment variables.
+
+Every field can be set as `--flag-name` on the `conveyor` CLI or as `CONVEYOR_FIELD_NAME` in the
+environment (REDIS_URL is also read without the prefix). Limits carry TGI's launcher names.
+`conveyor serve` hands its settings to its children through the environment, so the api, the
+workers and the webhook worker of one service always agree.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ENV_PREFIX = "CONVEYOR_"
+
+
+def _default_data_dir() -> Path:
+    return Path.home() / ".local" / "share" / "conveyor"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", validate_default=True)
+
+    # --- where things are -------------------------------------------------------------------
+    redis_url: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("REDIS_URL", "CONVEYOR_REDIS_URL", "redis_url"),
+        description="Redis to use; unset: `conveyor serve` starts the embedded server.",
+    )
+    data_dir: Path = Field(
+        default_factory=_default_data_dir,
+        description="Embedded Redis data (AOF) lives under DATA_DIR/redis.",
+    )
+    key_prefix: str = Field(default="conveyor", description="Prefix of every Redis key.")
+    model: str | None = Field(
+        default=None,
+        description="Local HF model directory (Llama family) or .gguf path; unset: SmolLM2-135M-Instruct.",
+    )
+    served_model_name: str | None = Field(
+        default=None, description="Model name reported by /info and /v1/models (default: from the model)."
+    )
+    model_cache_dir: Path | None = Field(
+        default=None, description="Where GGUF models are converted once (default ~/.cache/conveyor/models)."
+    )
+    host: str = Field(default="127.0.0.1", description="Address the api binds to.")
+    port: int = Field(default=8080, ge=0, le=65535, description="Port the api listens on.")
+    workers: int = Field(default=1, ge=0, le=64, description="Engine workers `conveyor serve` starts.")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    # --- request limits (TGI names) ---------------------------------------------------------
+    max_concurrent_requests: int = Field(
+        default=128, ge=1, description="Jobs queued or running at once before 429 'Model is overloaded'."
+    )
+    max_input_tokens: int = Field(default=4095, ge=1, description="Prompt tokens per request.")
+    max_total_tokens: int = Field(
+        default=4096, ge=2, description="Prompt + max_new_tokens per request."
+    )
+    max_best_of: int = Field(default=1, ge=1, le=1, description="best_of > 1 is not supported yet.")
+    max_stop_sequences: int = Field(default=4, ge=0, description="Stop sequences per request.")
+    max_top_n_tokens: int = Field(default=5, ge=0, description="Alternatives per token (top_n_tokens).")
+    default_max_new_tokens: int = Field(
+        default=100, ge=1, description="max_new_tokens when a request does not give one."
+    )
+
+    # --- batching (TGI names) ---------------------------------------------------------------
+    max_batch_prefill_tokens: int = Field(
+        default=4096, ge=1, description="Prompt tokens one engine step may prefill (chunked prefill)."
+    )
+    max_batch_total_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Sum of context lengths in the batch; unset: bounded by the KV cache.",
+    )
+    max_batch_size: int = Field(default=256, ge=1, description="Running sequences per worker.")
+    # TGI decides with these when to pause decoding to prefill waiting requests. Conveyor's
+    # scheduler admits waiting requests in every step as prefill chunks beside the decodes, so
+    # waiting requests never wait for a batch to drain; the values are validated and shown in
+    # /info, and a non-default value is reported as having no effect at start-up.
+    max_waiting_tokens: int = Field(default=20, ge=1, description="TGI compatibility; see README.")
+    waiting_served_ratio: float = Field(default=1.2, ge=0, description="TGI compatibility; see README.")
+
+    # --- engine -----------------------------------------------------------------------------
+    block_size: int = Field(default=16, ge=1, le=1024, description="Tokens per KV block.")
+    kv_cache_memory: str | None = Field(
+        default=None, description="KV cache budget, e.g. '2GiB'; unset: a fraction of free memory."
+    )
+    kv_cache_fraction: float = Field(default=0.3, gt=0, le=0.95)
+    enable_prefix_caching: bool = True
+    device: str = Field(default="auto", description="auto, cpu or cuda.")
+
+    # --- jobs -------------------------------------------------------------------------------
+    result_ttl: int = Field(default=3600, ge=1, description="Seconds a finished job's keys live.")
+    event_stream_maxlen: int = Field(default=16384, ge=16, description="Cap of a job's event stream.")
+
+    @model_validator(mode="after")
+    def _check_limits(self) -> Settings:
+        if self.max_input_tokens >= self.max_total_tokens:
+            raise ValueError(
+                f"max_input_tokens ({self.max_input_tokens}) must be < max_total_tokens "
+                f"({self.max_total_tokens})"
+            )
+        return self
+
+    @property
+    def kv_cache_bytes(self) -> int | None:
+        return parse_bytes(self.kv_cache_memory) if self.kv_cache_memory else None
+
+    def to_env(self) -> dict[str, str]:
+        """The environment that makes a child process build these same settings."""
+        env: dict[str, str] = {}
+        for name, value in self.model_dump(exclude_none=True).items():
+            env[ENV_PREFIX + name.upper()] = str(value).lower() if isinstance(value, bool) else str(value)
+        return env
+
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
+          "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3}
+
+
+def parse_bytes(text: str) -> int:
+    """'2GiB', '512MB', '1000000' → bytes."""
+    s = text.strip().lower().replace(" ", "")
+    number = s.rstrip("kmgib")
+    unit = s[len(number):]
+    if unit not in _UNITS or not number:
+        raise ValueError(f"cannot read {text!r} as a size: use e.g. 2GiB, 512MiB or a byte count")
+    return int(float(number) * _UNITS[unit])

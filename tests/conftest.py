@@ -1,0 +1,113 @@
+"""Shared fixtures: a real redis-server (the embedded valkey binary) on a free port, and the whole
+service (api + worker as real processes) for end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from launcher.redis_server import EmbeddedRedis, free_port
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
+    server = EmbeddedRedis(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+async def redis(redis_server: EmbeddedRedis):  # type: ignore[no-untyped-def]
+    from redis.asyncio import Redis
+
+    client = Redis.from_url(redis_server.url, decode_responses=True)
+    await client.flushdb()
+    yield client
+    await client.aclose()
+
+
+@dataclass
+class RunningService:
+    base_url: str
+    redis_url: str
+    env: dict[str, str]
+    processes: dict[str, subprocess.Popen[bytes]]
+    log_dir: Path
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(self.log_dir.glob("*.log")))
+
+
+def start_service(tmp: Path, redis_url: str, extra_env: dict[str, str] | None = None,
+                  workers: int = 1) -> RunningService:
+    port = free_port()
+    env = {
+        **os.environ,
+        "REDIS_URL": redis_url,
+        "CONVEYOR_PORT": str(port),
+        "CONVEYOR_KEY_PREFIX": f"test{port}",
+        "CONVEYOR_KV_CACHE_MEMORY": "256MiB",
+        "CONVEYOR_LOG_LEVEL": "info",
+        **(extra_env or {}),
+    }
+    processes: dict[str, subprocess.Popen[bytes]] = {}
+    for name, role in [*((f"worker{i}", "worker") for i in range(workers)), ("api", "api")]:
+        log = open(tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        processes[name] = subprocess.Popen(
+            [sys.executable, "-m", "launcher.cli", role], env=env, cwd=REPO, stdout=log, stderr=log
+        )
+    service = RunningService(f"http://127.0.0.1:{port}", redis_url, env, processes, tmp)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        for name, proc in processes.items():
+            if proc.poll() is not None:
+                stop_service(service)
+                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{service.logs()}")
+        try:
+            if httpx.get(service.base_url + "/health", timeout=1).status_code == 200:
+                return service
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    stop_service(service)
+    raise RuntimeError("service did not come up:\n" + service.logs())
+
+
+def stop_service(service: RunningService) -> None:
+    for proc in service.processes.values():
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in service.processes.values():
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="session")
+def default_model_dir() -> Path:
+    """The default model, converted once into the shared cache (as `make run` does)."""
+    from engine.loader import resolve_model
+
+    return resolve_model(None).path
+
+
+@pytest.fixture(scope="session")
+def service(tmp_path_factory: pytest.TempPathFactory, redis_server: EmbeddedRedis,
+            default_model_dir: Path) -> Iterator[RunningService]:
+    """api + one worker with the real default model."""
+    running = start_service(tmp_path_factory.mktemp("service"), redis_server.url,
+                            {"CONVEYOR_MODEL": str(default_model_dir)})
+    yield running
+    stop_service(running)
