@@ -1,0 +1,234 @@
+"""The engine: add requests, step, get token events. Knows nothing of Redis or HTTP.
+
+One `step()` is one forward over the batch the scheduler forms (decodes of every running sequence
+plus prefill chunks of admitted ones), then sampling, detokenizing and stop checks for the rows
+that produced a token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Sequence as Seq
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.detokenizer import Detokenizer, token_text
+from engine.events import TokenEvent, TopToken
+from engine.params import SamplingParams, StoppingParams
+from engine.sampler import Sampler
+from engine.scheduler import Scheduler
+from engine.sequence import FinishReason, Sequence
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True, frozen=True)
+class EngineStats:
+    running: int
+    waiting: int
+    blocks_used: int
+    blocks_free: int
+    prefix_cache_hit_rate: float
+    preemptions: int
+    steps: int
+
+
+class Engine:
+    def __init__(
+        self,
+        runner: Any,
+        tokenizer: Any,
+        config: EngineConfig,
+        eos_token_ids: set[int],
+        max_model_len: int | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.config = config
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.special_ids = frozenset(tokenizer.all_special_ids) | self.eos_token_ids
+        self.max_model_len = max_model_len
+        self.clock = clock
+        self.block_manager = BlockManager(runner.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(config, self.block_manager, clock, max_model_len=max_model_len)
+        self.sampler = Sampler()
+        self._detokenizers: dict[str, Detokenizer] = {}
+        self._steps = 0
+        # (chunks, step seconds, forward seconds) of recent steps: the engine's own overhead.
+        self._timings: deque[tuple[int, float, float]] = deque(maxlen=100_000)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, config: EngineConfig | None = None) -> Engine:
+        from engine.loader import eos_token_ids, load_tokenizer
+        from engine.model_runner import ModelRunner
+
+        config = config or EngineConfig()
+        runner = ModelRunner.from_pretrained(path, config)
+        log.info("KV cache: %s", runner.kv_cache_summary())
+        tokenizer = load_tokenizer(path)
+        return cls(runner, tokenizer, config, eos_token_ids(path), getattr(runner, "max_model_len", None))
+
+    # --- requests ---------------------------------------------------------------------------
+
+    def add(
+        self,
+        request_id: str,
+        prompt_ids: Seq[int],
+        sampling: SamplingParams | None = None,
+        stopping: StoppingParams | None = None,
+        priority: int = 0,
+        deadline: float | None = None,
+        generated: Seq[int] = (),
+    ) -> None:
+        """Queue a request. `generated`: tokens another worker already produced (resume)."""
+        if not prompt_ids:
+            raise ValueError("prompt_ids is empty: a request needs at least one prompt token")
+        if self.scheduler.get(request_id) is not None:
+            raise ValueError(f"request {request_id!r} is already in the engine")
+        sampling = sampling or SamplingParams()
+        if not sampling.greedy and sampling.seed is None:
+            # Every sampled request gets a seed: reported to the client, and what makes a resumed
+            # request continue exactly (token i is drawn from a generator seeded by (seed, i)).
+            sampling = dataclasses.replace(sampling, seed=random.getrandbits(63))
+        stopping = stopping or StoppingParams()
+        seq = Sequence(
+            request_id=request_id,
+            prompt_ids=list(prompt_ids),
+            sampling=sampling,
+            stopping=stopping,
+            priority=priority,
+            deadline=deadline,
+            arrival=self.clock(),
+        )
+        seq.token_ids.extend(generated)
+        self._detokenizers[request_id] = Detokenizer(
+            self.tokenizer, stopping.stop, self.special_ids, generated=list(generated)
+        )
+        self.scheduler.add(seq)
+
+    def abort(self, request_id: str) -> TokenEvent | None:
+        """Finish a request now and free its KV blocks; returns its final event (None if unknown)."""
+        seq = self.scheduler.abort(request_id)
+        if seq is None:
+            return None
+        return self._finish_event(seq, FinishReason.ABORTED)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished
+
+    def capacity(self) -> int:
+        return self.scheduler.capacity()
+
+    # --- the step ---------------------------------------------------------------------------
+
+    def step(self) -> list[TokenEvent]:
+        started = time.perf_counter()
+        output = self.scheduler.schedule()
+        events = [self._finish_event(seq, FinishReason.EXPIRED) for seq in output.expired]
+        if output.is_empty:
+            return events
+        self._steps += 1
+        sampling_seqs = [chunk.seq for chunk in output.chunks if chunk.sample]
+        forward_started = time.perf_counter()
+        logits = self.runner.execute(output.chunks)
+        forward_s = time.perf_counter() - forward_started
+        self.scheduler.complete(output)
+        if sampling_seqs:
+            sampled = self.sampler.sample(logits, sampling_seqs)
+            for seq, token_id, logprob, top in zip(
+                sampling_seqs, sampled.token_ids, sampled.logprobs, sampled.top_tokens, strict=True
+            ):
+                seq.append_token(token_id)
+                events.append(self._token_event(seq, token_id, logprob, top))
+        self._timings.append((len(output.chunks), time.perf_counter() - started, forward_s))
+        return events
+
+    def _token_event(self, seq: Sequence, token_id: int, logprob: float, top: list[tuple[int, float]]) -> TokenEvent:
+        detokenizer = self._detokenizers[seq.request_id]
+        text, stopped = detokenizer.push(token_id)
+        special = token_id in self.special_ids
+        reason: FinishReason | None = None
+        if stopped:
+            reason = FinishReason.STOP_SEQUENCE
+        elif token_id in self.eos_token_ids and not seq.stopping.ignore_eos:
+            reason = FinishReason.EOS
+        elif seq.num_generated >= seq.stopping.max_new_tokens:
+            reason = FinishReason.LENGTH
+        elif self.max_model_len is not None and seq.num_tokens >= self.max_model_len:
+            reason = FinishReason.LENGTH
+        event = TokenEvent(
+            request_id=seq.request_id,
+            index=seq.num_generated - 1,
+            token_id=token_id,
+            text=text,
+            logprob=logprob,
+            special=special,
+            top_tokens=[
+                TopToken(id=i, text=token_text(self.tokenizer, i), logprob=lp, special=i in self.special_ids)
+                for i, lp in top
+            ],
+        )
+        if reason is not None:
+            held = detokenizer.flush() if reason is not FinishReason.STOP_SEQUENCE else ""
+            if held:
+                # Text held back for a stop sequence that never completed comes out with the last
+                # token; on EOS that event then carries text, so it is not marked special.
+                event.text = held if special else event.text + held
+                event.special = False
+            self._finish(seq, reason, event)
+        return event
+
+    def _finish_event(self, seq: Sequence, reason: FinishReason) -> TokenEvent:
+        """The final event of a request that ends without a token of its own."""
+        detokenizer = self._detokenizers.get(seq.request_id)
+        event = TokenEvent(
+            request_id=seq.request_id,
+            index=seq.num_generated,
+            token_id=None,
+            text=detokenizer.flush() if detokenizer else "",
+        )
+        self._finish(seq, reason, event)
+        return event
+
+    def _finish(self, seq: Sequence, reason: FinishReason, event: TokenEvent) -> None:
+        if not seq.is_finished:
+            self.scheduler.finish(seq, reason)
+        detokenizer = self._detokenizers.pop(seq.request_id, None)
+        event.finish_reason = reason
+        event.generated_text = detokenizer.text if detokenizer else ""
+        event.num_prompt_tokens = seq.num_prompt_tokens
+        event.num_generated_tokens = seq.num_generated
+        event.num_cached_tokens = seq.num_cached_tokens
+        event.seed = seq.sampling.seed
+
+    # --- introspection ----------------------------------------------------------------------
+
+    def reset_timings(self) -> None:
+        self._timings.clear()
+
+    def overhead_share(self, min_batch: int = 1) -> float:
+        """Share of step time spent outside the forward (scheduling, sampling, detokenizing),
+        over recorded steps with at least `min_batch` sequences."""
+        rows = [t for t in self._timings if t[0] >= min_batch]
+        total = sum(t[1] for t in rows)
+        return 1.0 - sum(t[2] for t in rows) / total if total else 0.0
+
+    def stats(self) -> EngineStats:
+        bm = self.block_manager
+        return EngineStats(
+            running=self.scheduler.num_running,
+            waiting=self.scheduler.num_waiting,
+            blocks_used=bm.num_used_blocks,
+            blocks_free=bm.num_free_blocks,
+            prefix_cache_hit_rate=bm.prefix_cache_hit_rate,
+            preemptions=self.scheduler.num_preemptions,
+            steps=self._steps,
+        )

@@ -1,0 +1,233 @@
+"""Continuous batching: which tokens of which sequences the next forward processes.
+
+No prefill or decode phase: a sequence has `num_computed_tokens` of `num_tokens`, and each step
+gives it a chunk of what is left. One step = one forward:
+  1. waiting requests past their deadline, never started, expire;
+  2. every running sequence gets a chunk: one token to decode, or the next piece of its prefill
+     within `max_batch_prefill_tokens` (decodes are free of that budget). When blocks run out, the
+     lowest-priority, newest running sequence is preempted (its KV is dropped and recomputed later);
+  3. waiting sequences are admitted in priority, then arrival order while the budgets allow, their
+     prefix-cache hits skipping compute. The first one that does not fit stops admission, so a
+     large request is never starved by smaller ones behind it.
+KV is not reserved for max_new_tokens: preemption is what makes optimistic admission safe.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import Callable
+
+from engine.batch import ScheduledChunk, SchedulerOutput
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.sequence import FinishReason, Sequence, SequenceStatus
+
+
+def _rank(seq: Sequence) -> tuple[int, int]:
+    """Service order: higher priority first, then earlier arrival. Preemption takes the last."""
+    return (-seq.priority, seq.order)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: EngineConfig,
+        block_manager: BlockManager,
+        clock: Callable[[], float] = time.time,
+        max_model_len: int | None = None,
+    ) -> None:
+        self.config = config
+        self.max_model_len = max_model_len  # the engine ends a sequence there (LENGTH)
+        self.block_manager = block_manager
+        self._clock = clock
+        self._waiting: list[Sequence] = []  # sorted by _rank
+        self._running: list[Sequence] = []  # sorted by _rank: the last is the next victim
+        self._by_id: dict[str, Sequence] = {}
+        self._num_preemptions = 0
+        self._stalled = False  # the last schedule() left a waiting sequence it could not admit
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_preemptions(self) -> int:
+        return self._num_preemptions
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self._running or self._waiting)
+
+    @property
+    def max_seq_len(self) -> int:
+        """The most tokens one sequence can hold: all the KV blocks, and the batch token limit."""
+        bm = self.block_manager
+        limit = bm.num_blocks * bm.block_size
+        if self.config.max_batch_total_tokens is not None:
+            limit = min(limit, self.config.max_batch_total_tokens)
+        return limit
+
+    def get(self, request_id: str) -> Sequence | None:
+        return self._by_id.get(request_id)
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a new (or resumed: its token_ids carry the generated tokens) sequence.
+
+        Rejects one that could not finish even alone in the cache: it would be preempted forever.
+        """
+        if seq.request_id in self._by_id:
+            raise ValueError(f"request {seq.request_id!r} is already in the engine")
+        if seq.is_finished or seq.block_table or seq.num_computed_tokens:
+            raise ValueError(f"request {seq.request_id!r} is not a fresh sequence")
+        remaining = max(0, seq.stopping.max_new_tokens - seq.num_generated)
+        need = seq.num_tokens + remaining
+        if self.max_model_len is not None:
+            need = min(need, max(self.max_model_len, seq.num_tokens))
+        if need > self.max_seq_len:
+            raise ValueError(
+                f"request {seq.request_id!r} needs up to {need} tokens ({seq.num_tokens} input +"
+                f" {need - seq.num_tokens} new), more than the engine holds for one sequence"
+                f" ({self.max_seq_len}): lower max_new_tokens or shorten the input"
+            )
+        self._by_id[seq.request_id] = seq
+        bisect.insort(self._waiting, seq, key=_rank)
+
+    def abort(self, request_id: str) -> Sequence | None:
+        seq = self._by_id.get(request_id)
+        if seq is not None:
+            self.finish(seq, FinishReason.ABORTED)
+        return seq
+
+    def finish(self, seq: Sequence, reason: FinishReason) -> None:
+        seq.status = SequenceStatus.finished(reason)
+        self.block_manager.free(seq)
+        self._remove(seq)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        self._expire(out)
+        budget = self._schedule_running(out, self.config.max_batch_prefill_tokens)
+        # Blocks ran short this step: admitting now would only preempt again next step.
+        if not out.preempted:
+            self._admit(out, budget)
+        self._stalled = bool(self._waiting)
+        return out
+
+    def complete(self, output: SchedulerOutput) -> None:
+        """Record that the forward computed every chunk of `output` (before sampled tokens are
+        appended), and offer the blocks that became full to the prefix cache."""
+        for chunk in output.chunks:
+            seq = chunk.seq
+            if seq.is_finished:  # aborted since schedule()
+                continue
+            if chunk.start != seq.num_computed_tokens:
+                raise ValueError(
+                    f"{seq.request_id}: chunk starts at {chunk.start}"
+                    f" but {seq.num_computed_tokens} tokens are computed"
+                )
+            seq.num_computed_tokens += chunk.length
+            self.block_manager.cache_blocks(seq)
+
+    def capacity(self) -> int:
+        """How many new requests the engine could start now.
+
+        0 while a waiting request is left that the last step could not admit: more would only
+        queue here instead of in the stream, where another worker can take them. Otherwise the free
+        batch slots, bounded by the free blocks (and batch tokens) at a rough estimate per request:
+        the mean length of the sequences in the engine, or one block when it is idle.
+        """
+        if self._stalled and self._waiting:
+            return 0
+        seqs = self._running + self._waiting
+        slots = self.config.max_batch_size - len(seqs)
+        if slots <= 0:
+            return 0
+        bm = self.block_manager
+        mean_tokens = sum(s.num_tokens for s in seqs) / len(seqs) if seqs else 1.0
+        per_request = max(1, bm.blocks_for(int(mean_tokens)))
+        queued = sum(bm.blocks_for(s.num_tokens) for s in self._waiting)
+        bound = min(slots, max(0, bm.num_free_blocks - queued) // per_request)
+        if self.config.max_batch_total_tokens is not None:
+            used = sum(s.num_tokens for s in seqs)
+            free_tokens = max(0, self.config.max_batch_total_tokens - used)
+            bound = min(bound, free_tokens // max(1, int(mean_tokens)))
+        return bound
+
+    def _expire(self, out: SchedulerOutput) -> None:
+        now = self._clock()
+        for seq in [s for s in self._waiting if s.status == SequenceStatus.WAITING]:
+            if seq.deadline is not None and seq.deadline < now:
+                self.finish(seq, FinishReason.EXPIRED)
+                out.expired.append(seq)
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        """Give each running sequence its chunk, best first, so that a victim (always the last) has
+        no chunk yet. Returns the prefill budget left."""
+        i = 0
+        while i < len(self._running):
+            seq = self._running[i]
+            length = seq.num_uncomputed
+            is_prefill = length > 1
+            if is_prefill:
+                length = min(length, budget)
+            if length <= 0:  # prefill budget spent: it continues next step
+                i += 1
+                continue
+            while not self.block_manager.allocate(seq, length):
+                victim = self._running[-1]
+                self._preempt(victim, out)
+                if victim is seq:
+                    break
+            else:
+                out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, length))
+                if is_prefill:
+                    budget -= length
+                i += 1
+        return budget
+
+    def _admit(self, out: SchedulerOutput, budget: int) -> None:
+        bm = self.block_manager
+        limit = self.config.max_batch_total_tokens
+        # A chunked prefill counts with its whole prompt from its first chunk, so a later
+        # admission cannot take the room it still needs.
+        context = sum(s.num_tokens for s in self._running)
+        num_admitted = 0
+        for seq in self._waiting:
+            if budget <= 0 or len(self._running) >= self.config.max_batch_size:
+                break
+            if limit is not None and context + seq.num_tokens > limit:
+                break
+            cached = bm.match_prefix(seq)
+            num_hit = len(cached) * bm.block_size
+            length = min(seq.num_tokens - num_hit, budget)
+            if not bm.allocate(seq, length, cached):
+                break
+            seq.status = SequenceStatus.RUNNING
+            bisect.insort(self._running, seq, key=_rank)
+            out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, length))
+            budget -= length
+            context += seq.num_tokens
+            num_admitted += 1
+        del self._waiting[:num_admitted]
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        """Preempt by recompute: drop the KV, and queue the sequence again at its original rank."""
+        self.block_manager.free(seq)
+        self._running.remove(seq)
+        seq.status = SequenceStatus.PREEMPTED
+        bisect.insort(self._waiting, seq, key=_rank)
+        out.preempted.append(seq)
+        self._num_preemptions += 1
+
+    def _remove(self, seq: Sequence) -> None:
+        if self._by_id.get(seq.request_id) is seq:
+            del self._by_id[seq.request_id]
+        for queue in (self._running, self._waiting):
+            if seq in queue:
+                queue.remove(seq)
+                return
