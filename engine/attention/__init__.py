@@ -25,6 +25,7 @@ class AttentionGeometry:
     block_size: int
     num_blocks: int  # usable blocks; block `num_blocks` is the cache's scratch block
     device: torch.device
+    dtype: torch.dtype
 
     @property
     def scale(self) -> float:

@@ -1,0 +1,192 @@
+"""Engine throughput against Hugging Face baselines, in one process, on the default model (fp32).
+
+    .venv/bin/python bench/engine.py                 # both workloads, all three systems
+    .venv/bin/python bench/engine.py --workload peer --skip-hf
+
+Workloads (all requests submitted at once):
+  peer   64 requests, 256 random-token prompts, exactly 128 new tokens (EOS ignored): the workload
+         ../shared/peers/ runs against vLLM's CPU build.
+  mixed  64 requests, prompt lengths uniform in 32–512, output lengths uniform in 16–256 (seeded).
+Systems: (a) HF `generate` one request at a time (on the first --one-at-a-time requests: its rate
+does not depend on how many), (b) HF `generate` in padded static batches of 16 (each batch runs
+until its longest output), (c) this engine. Model FLOP utilisation = model FLOPs per second
+(2 × parameters used per token, per token processed) ÷ the fp32 matmul peak measured here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.config import EngineConfig  # noqa: E402
+from engine.engine import Engine  # noqa: E402
+from engine.loader import resolve_model  # noqa: E402
+from engine.params import StoppingParams  # noqa: E402
+
+
+@dataclass
+class Request:
+    prompt: list[int]
+    max_new_tokens: int
+
+
+@dataclass
+class Result:
+    name: str
+    prompt_tokens: int
+    output_tokens: int
+    seconds: float
+
+    @property
+    def total_tps(self) -> float:
+        return (self.prompt_tokens + self.output_tokens) / self.seconds
+
+    @property
+    def output_tps(self) -> float:
+        return self.output_tokens / self.seconds
+
+
+def workload(name: str, vocab: int, n: int = 64) -> list[Request]:
+    rng = random.Random(0)
+    if name == "peer":
+        return [Request([rng.randrange(vocab) for _ in range(256)], 128) for _ in range(n)]
+    return [
+        Request([rng.randrange(vocab) for _ in range(rng.randint(32, 512))], rng.randint(16, 256))
+        for _ in range(n)
+    ]
+
+
+def matmul_peak(seconds: float = 3.0) -> float:
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    a @ b
+    runs, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        a @ b
+        runs += 1
+    return 2 * 2048**3 * runs / (time.perf_counter() - start)
+
+
+def flops_per_token(config) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    """(prompt token, generated token): a generated token also goes through the lm_head."""
+    h, i, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    head_dim = getattr(config, "head_dim", None) or h // config.num_attention_heads
+    q = config.num_attention_heads * head_dim
+    kv = config.num_key_value_heads * head_dim
+    per_layer = h * q + 2 * h * kv + q * h + 3 * h * i
+    body = layers * per_layer
+    lm_head = h * config.vocab_size
+    return 2.0 * body, 2.0 * (body + lm_head)
+
+
+def progress(label: str, done: int, total: int, start: float) -> None:
+    print(f"\r  {label}: {done}/{total} ({time.perf_counter() - start:.0f} s)", end="", file=sys.stderr,
+          flush=True)
+
+
+def run_hf_one(model, requests: list[Request]) -> Result:  # type: ignore[no-untyped-def]
+    start = time.perf_counter()
+    out = 0
+    for k, r in enumerate(requests):
+        ids = torch.tensor([r.prompt])
+        model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                       max_new_tokens=r.max_new_tokens, min_new_tokens=r.max_new_tokens, pad_token_id=0)
+        out += r.max_new_tokens
+        progress("HF one at a time", k + 1, len(requests), start)
+    print(file=sys.stderr)
+    return Result("(a) HF one at a time", sum(len(r.prompt) for r in requests), out,
+                  time.perf_counter() - start)
+
+
+def run_hf_static(model, requests: list[Request], batch: int = 16) -> Result:  # type: ignore[no-untyped-def]
+    start = time.perf_counter()
+    for k in range(0, len(requests), batch):
+        group = requests[k : k + batch]
+        width = max(len(r.prompt) for r in group)
+        ids = torch.zeros(len(group), width, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, r in enumerate(group):  # left padding, as generate expects for decoder-only models
+            ids[row, width - len(r.prompt) :] = torch.tensor(r.prompt)
+            mask[row, width - len(r.prompt) :] = 1
+        longest = max(r.max_new_tokens for r in group)
+        model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=longest,
+                       min_new_tokens=longest, pad_token_id=0)
+        progress("HF static batches of 16", k + len(group), len(requests), start)
+    print(file=sys.stderr)
+    # Only the tokens each request asked for count: padding and overshoot are waste.
+    return Result("(b) HF static batches of 16", sum(len(r.prompt) for r in requests),
+                  sum(r.max_new_tokens for r in requests), time.perf_counter() - start)
+
+
+def run_engine(engine: Engine, requests: list[Request]) -> tuple[Result, float]:
+    for k, r in enumerate(requests):
+        engine.add(f"r{k}", r.prompt, stopping=StoppingParams(max_new_tokens=r.max_new_tokens, ignore_eos=True))
+    total_out = sum(r.max_new_tokens for r in requests)
+    done = 0
+    start = time.perf_counter()
+    engine.reset_timings()
+    while engine.has_unfinished():
+        done += sum(1 for e in engine.step() if e.token_id is not None)
+        progress("engine", done, total_out, start)
+    print(file=sys.stderr)
+    seconds = time.perf_counter() - start
+    return Result("(c) conveyor engine", sum(len(r.prompt) for r in requests), done, seconds), \
+        engine.overhead_share(min_batch=len(requests))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workload", choices=["peer", "mixed", "both"], default="both")
+    parser.add_argument("--skip-hf", action="store_true", help="engine only")
+    parser.add_argument("--one-at-a-time", type=int, default=8, help="requests for baseline (a)")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    print("measuring the fp32 matmul peak ...", file=sys.stderr)
+    peak = matmul_peak()
+    print(f"fp32 matmul peak: {peak / 1e9:.0f} GFLOP/s on {args.threads} threads")
+    source = resolve_model(None)
+    engine = Engine.from_pretrained(source.path, EngineConfig(enable_prefix_caching=False,
+                                                              kv_cache_memory=4 * 1024**3))
+    hf = None
+    if not args.skip_hf:
+        from transformers import AutoModelForCausalLM
+
+        hf = AutoModelForCausalLM.from_pretrained(source.path, dtype=torch.float32).eval()
+    config = engine.runner.hf_config
+    f_prompt, f_gen = flops_per_token(config)
+    for name in (["peer", "mixed"] if args.workload == "both" else [args.workload]):
+        requests = workload(name, config.vocab_size)
+        print(f"\n== {name}: {len(requests)} requests, "
+              f"{sum(len(r.prompt) for r in requests)} prompt + {sum(r.max_new_tokens for r in requests)} "
+              "output tokens")
+        results = []
+        if hf is not None:
+            with torch.inference_mode():
+                results.append(run_hf_one(hf, requests[: args.one_at_a_time]))
+                results.append(run_hf_static(hf, requests))
+        ours, overhead = run_engine(engine, requests)
+        results.append(ours)
+        for r in results:
+            print(f"{r.name:30s} total {r.total_tps:7.1f} tok/s   output {r.output_tps:6.1f} tok/s   "
+                  f"({r.seconds:.1f} s)")
+        if hf is not None:
+            print(f"c/a = {ours.total_tps / results[0].total_tps:.2f}   "
+                  f"c/b = {ours.total_tps / results[1].total_tps:.2f}")
+        mfu = (ours.prompt_tokens * f_prompt + ours.output_tokens * f_gen) / ours.seconds / peak
+        print(f"engine model FLOP utilisation: {100 * mfu:.1f} % of {peak / 1e9:.0f} GFLOP/s")
+        print(f"engine CPU time outside the forward, steps at batch >= {len(requests)}: "
+              f"{100 * overhead:.1f} % of the step")
+
+
+if __name__ == "__main__":
+    with torch.inference_mode():
+        main()

@@ -1,0 +1,209 @@
+"""Attention in plain torch (any device; the CPU path).
+
+Cache layout per layer, the same as flash-attn's: [num_blocks + 1, block_size, kv_heads, head_dim].
+A block of all heads is one contiguous piece (12 KiB for SmolLM2 at block_size 16), so gathering a
+sequence's blocks streams memory in large pieces, and the gathered [rows, context, kv_heads,
+head_dim] is read by SDPA through strides, with no further copy.
+
+Decode rows (one query each) are done a group at a time: each row's queries become
+[kv_heads, group, head_dim], a "sequence" of `group` queries per KV head, so grouped-query attention
+needs no repeated K/V. Prefill chunks go one by one through SDPA.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention import AttentionBatch, AttentionGeometry
+
+# Decode rows per gather: the group's gathered K and V should still be in cache when SDPA reads
+# them, and the group should be large enough that per-call overhead stays small.
+_DECODE_GROUP = 16
+
+
+@dataclass(slots=True)
+class _Prefill:
+    row: int  # first row in the flattened batch
+    length: int
+    start: int  # position of the first row
+    blocks: torch.Tensor | None  # blocks covering 0..start+length-1; None: attend to the fresh k/v only
+
+    @property
+    def context(self) -> int:
+        return self.start + self.length
+
+
+@dataclass(slots=True)
+class _DecodeGroup:
+    rows: tuple[int, int]
+    blocks: torch.Tensor  # [rows * width] block ids, padded with the scratch block
+    context: torch.Tensor  # [rows] context length of each row
+    width: int  # blocks per row
+
+
+@dataclass(slots=True)
+class TorchMeta:
+    slots: torch.Tensor
+    decode: list[_DecodeGroup]
+    prefills: list[_Prefill]
+    # Masks, built by the first layer that needs one and reused by the others.
+    masks: dict[tuple[int, int, int | None], torch.Tensor | None] = field(default_factory=dict)
+
+
+class TorchAttention:
+    name = "torch"
+
+    def __init__(self, geometry: AttentionGeometry) -> None:
+        self.g = geometry
+        self.group = geometry.num_heads // geometry.num_kv_heads
+        # Gathers land in reused buffers: a fresh multi-MB tensor per layer costs page faults that
+        # take longer than the copy itself.
+        self._workspace = [torch.empty(0, dtype=geometry.dtype, device=geometry.device) for _ in range(2)]
+
+    def cache_shape(self) -> tuple[int, ...]:
+        g = self.g
+        return (g.num_blocks + 1, g.block_size, g.num_kv_heads, g.head_dim)
+
+    def prepare(self, batch: AttentionBatch) -> TorchMeta:
+        bs, device = self.g.block_size, self.g.device
+        decode: list[_DecodeGroup] = []
+        for lo in range(0, batch.num_decode, _DECODE_GROUP):
+            hi = min(lo + _DECODE_GROUP, batch.num_decode)
+            contexts = batch.context_lens[lo:hi]
+            width = -(-max(contexts) // bs)
+            ids: list[int] = []
+            for table, ctx in zip(batch.block_tables[lo:hi], contexts, strict=True):
+                used = -(-ctx // bs)
+                ids += table[:used]
+                ids += [self.g.scratch_block] * (width - used)
+            decode.append(
+                _DecodeGroup(
+                    rows=(lo, hi),
+                    blocks=torch.tensor(ids, dtype=torch.long, device=device),
+                    context=torch.tensor(contexts, dtype=torch.long, device=device),
+                    width=width,
+                )
+            )
+        prefills: list[_Prefill] = []
+        row = batch.num_decode
+        for i in range(batch.num_decode, len(batch.query_lens)):
+            length, ctx = batch.query_lens[i], batch.context_lens[i]
+            start = ctx - length
+            blocks = None
+            if start > 0:
+                blocks = torch.tensor(batch.block_tables[i][: -(-ctx // bs)], dtype=torch.long, device=device)
+            prefills.append(_Prefill(row=row, length=length, start=start, blocks=blocks))
+            row += length
+        return TorchMeta(slots=batch.slots, decode=decode, prefills=prefills)
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: TorchMeta,
+        window: int | None,
+    ) -> torch.Tensor:
+        kv, hd = self.g.num_kv_heads, self.g.head_dim
+        # Write first: every query of this step must see its own token and the chunk before it.
+        # As [slots, kv * hd] rows: one memcpy per token instead of one per head.
+        k_cache.view(-1, kv * hd).index_copy_(0, meta.slots, k.reshape(-1, kv * hd))
+        v_cache.view(-1, kv * hd).index_copy_(0, meta.slots, v.reshape(-1, kv * hd))
+        out = q.new_empty(q.shape)
+        for i, grp in enumerate(meta.decode):
+            self._decode(q, k_cache, v_cache, grp, self._mask(meta, 0, i, window), out)
+        for i, chunk in enumerate(meta.prefills):
+            self._prefill(q, k, v, k_cache, v_cache, chunk, self._mask(meta, 1, i, window), out)
+        return out.view(q.shape[0], self.g.num_heads * hd)
+
+    def _decode(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        grp: _DecodeGroup,
+        mask: torch.Tensor | None,
+        out: torch.Tensor,
+    ) -> None:
+        kv, hd = self.g.num_kv_heads, self.g.head_dim
+        lo, hi = grp.rows
+        n = hi - lo
+        # Query head h reads KV head h // group: [rows, heads, hd] -> [rows, kv, group, hd].
+        queries = q[lo:hi].view(n, kv, self.group, hd)
+        keys = self._gather(k_cache, grp.blocks, 0).view(n, -1, kv, hd).transpose(1, 2)
+        values = self._gather(v_cache, grp.blocks, 1).view(n, -1, kv, hd).transpose(1, 2)
+        res = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=self.g.scale)
+        out[lo:hi].view(n, kv, self.group, hd).copy_(res)
+
+    def _prefill(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        chunk: _Prefill,
+        mask: torch.Tensor | None,
+        out: torch.Tensor,
+    ) -> None:
+        kv, hd = self.g.num_kv_heads, self.g.head_dim
+        rows = slice(chunk.row, chunk.row + chunk.length)
+        if chunk.blocks is None:  # a fresh prompt: its keys are exactly this step's k/v
+            keys, values = k[rows], v[rows]
+        else:
+            keys = self._gather(k_cache, chunk.blocks, 0).view(-1, kv, hd)[: chunk.context]
+            values = self._gather(v_cache, chunk.blocks, 1).view(-1, kv, hd)[: chunk.context]
+        res = F.scaled_dot_product_attention(
+            q[rows].transpose(0, 1).unsqueeze(0),
+            keys.transpose(0, 1).unsqueeze(0),
+            values.transpose(0, 1).unsqueeze(0),
+            attn_mask=mask,
+            is_causal=mask is None,
+            scale=self.g.scale,
+            enable_gqa=True,
+        )
+        out[rows].copy_(res[0].transpose(0, 1))
+
+    def _gather(self, cache: torch.Tensor, blocks: torch.Tensor, slot: int) -> torch.Tensor:
+        """[len(blocks), block_size * kv_heads * head_dim]: the blocks of K or V, in workspace `slot`."""
+        block = cache[0].numel()
+        size = blocks.numel() * block
+        if self._workspace[slot].numel() < size:
+            self._workspace[slot] = cache.new_empty(size + size // 4)  # headroom: contexts grow
+        out = self._workspace[slot][:size].view(blocks.numel(), block)
+        return torch.index_select(cache.view(-1, block), 0, blocks, out=out)
+
+    def _mask(self, meta: TorchMeta, kind: int, index: int, window: int | None) -> torch.Tensor | None:
+        key = (kind, index, window)  # windows may differ between layers (Qwen2)
+        if key not in meta.masks:
+            if kind == 0:
+                meta.masks[key] = self._decode_mask(meta.decode[index], window)
+            else:
+                meta.masks[key] = self._prefill_mask(meta.prefills[index], window)
+        return meta.masks[key]
+
+    def _decode_mask(self, grp: _DecodeGroup, window: int | None) -> torch.Tensor:
+        """Additive [rows, 1, 1, context]: -inf past each row's context (and before its window)."""
+        pos = torch.arange(grp.width * self.g.block_size, device=self.g.device)
+        ctx = grp.context[:, None]
+        valid = pos < ctx
+        if window is not None:
+            valid &= pos >= ctx - window
+        mask = torch.zeros(valid.shape, dtype=self.g.dtype, device=self.g.device)
+        return mask.masked_fill_(~valid, float("-inf"))[:, None, None, :]
+
+    def _prefill_mask(self, chunk: _Prefill, window: int | None) -> torch.Tensor | None:
+        """Boolean [length, context]; None when plain causal over the fresh k/v is exact."""
+        if chunk.blocks is None and window is None:
+            return None
+        qpos = torch.arange(chunk.start, chunk.context, device=self.g.device)[:, None]
+        kpos = torch.arange(chunk.context, device=self.g.device)[None, :]
+        valid = kpos <= qpos
+        if window is not None:
+            valid &= kpos > qpos - window
+        return valid

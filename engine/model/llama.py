@@ -1,0 +1,159 @@
+"""Llama-family forward (Llama, Mistral, Qwen2, SmolLM) over one flattened batch without padding.
+
+Weights come from a transformers model; the batch layout and the attention are ours. q/k/v are
+fused into one linear and gate/up into another: fewer, wider GEMMs run closer to the matmul peak.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.attention import AttentionBackend
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+# RoPE variants whose frequencies depend on the longest position seen: computed per step by
+# transformers with data-dependent control flow, so they cannot be captured in a CUDA graph.
+_DYNAMIC_ROPE = ("dynamic", "longrope")
+
+
+@dataclass(slots=True)
+class _Layer:
+    input_norm: torch.Tensor
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    o_bias: torch.Tensor | None
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor
+    gate_up_bias: torch.Tensor | None
+    down: torch.Tensor
+    down_bias: torch.Tensor | None
+    window: int | None  # sliding-window attention span, None: full causal
+
+
+class Llama:
+    def __init__(self, hf_model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
+        cfg = hf_model.config
+        if cfg.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"model type {cfg.model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+            )
+        self.device, self.dtype = device, dtype
+        self.num_layers: int = cfg.num_hidden_layers
+        self.num_heads: int = cfg.num_attention_heads
+        self.num_kv_heads: int = cfg.num_key_value_heads
+        self.head_dim: int = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.hidden_size: int = cfg.hidden_size
+        self.intermediate_size: int = cfg.intermediate_size
+        self.vocab_size: int = cfg.vocab_size
+        self.max_positions: int = cfg.max_position_embeddings
+        self.eps: float = cfg.rms_norm_eps
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"{self.num_heads} heads cannot share {self.num_kv_heads} KV heads evenly")
+        from transformers.activations import ACT2FN
+
+        self.act = ACT2FN[cfg.hidden_act]
+
+        base = hf_model.model
+        self.embed = self._param(base.embed_tokens.weight)
+        lm_head = hf_model.lm_head.weight
+        tied = lm_head.data_ptr() == base.embed_tokens.weight.data_ptr()
+        self.lm_head = self.embed if tied else self._param(lm_head)
+        self.norm = self._param(base.norm.weight)
+        self.layers = [self._layer(layer, i, cfg) for i, layer in enumerate(base.layers)]
+        # transformers' rotary module gives cos/sin for every RoPE scaling type; a copy, so that
+        # moving it to our device leaves the caller's model alone.
+        self.rotary = copy.deepcopy(base.rotary_emb).to(device)
+        self.graph_safe = getattr(self.rotary, "rope_type", "default") not in _DYNAMIC_ROPE
+
+    def _param(self, t: torch.Tensor | None) -> torch.Tensor | None:
+        if t is None:
+            return None
+        return t.detach().to(device=self.device, dtype=self.dtype).contiguous()
+
+    def _layer(self, layer: nn.Module, index: int, cfg: Any) -> _Layer:
+        att, mlp = layer.self_attn, layer.mlp
+        projections = (att.q_proj, att.k_proj, att.v_proj)
+        biases = [p.bias for p in projections]
+        if any(b is None for b in biases) and not all(b is None for b in biases):
+            biases = [b if b is not None else p.weight.new_zeros(p.out_features) for b, p in zip(biases, projections, strict=True)]
+        return _Layer(
+            input_norm=self._param(layer.input_layernorm.weight),
+            qkv=self._param(torch.cat([p.weight for p in projections])),
+            qkv_bias=None if biases[0] is None else self._param(torch.cat(biases)),
+            o=self._param(att.o_proj.weight),
+            o_bias=self._param(att.o_proj.bias),
+            post_norm=self._param(layer.post_attention_layernorm.weight),
+            gate_up=self._param(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
+            gate_up_bias=None
+            if mlp.gate_proj.bias is None
+            else self._param(torch.cat([mlp.gate_proj.bias, mlp.up_proj.bias])),
+            down=self._param(mlp.down_proj.weight),
+            down_bias=self._param(mlp.down_proj.bias),
+            window=_window(cfg, index),
+        )
+
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sign-folded sin, [T, 1, head_dim]: once per step, shared by all layers."""
+        probe = torch.empty(0, dtype=self.dtype, device=self.device)
+        cos, sin = self.rotary(probe, positions[None])
+        cos, sin = cos[0, :, None, :], sin[0, :, None, :]
+        half = self.head_dim // 2
+        # rotate_half(x) * sin == cat(x2, x1) * cat(-sin1, sin2): one cat of x instead of cat + neg.
+        return cos, torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: Any,
+        attention: AttentionBackend,
+        k_cache: list[torch.Tensor],
+        v_cache: list[torch.Tensor],
+    ) -> torch.Tensor:
+        """Hidden states [T, hidden] after the last layer, before the final norm."""
+        n_tok = input_ids.shape[0]
+        heads, kv, hd, inter = self.num_heads, self.num_kv_heads, self.head_dim, self.intermediate_size
+        cos, sin = self.rope(positions)
+        half = hd // 2
+        h = F.embedding(input_ids, self.embed)
+        for i, layer in enumerate(self.layers):
+            qkv = F.linear(self._rms_norm(h, layer.input_norm), layer.qkv, layer.qkv_bias)
+            # RoPE on q and k together: one set of elementwise ops for both.
+            qk = qkv[:, : (heads + kv) * hd].view(n_tok, heads + kv, hd)
+            qk = torch.addcmul(qk * cos, torch.cat((qk[..., half:], qk[..., :half]), dim=-1), sin)
+            v = qkv[:, (heads + kv) * hd :].view(n_tok, kv, hd)
+            att = attention.forward(qk[:, :heads], qk[:, heads:], v, k_cache[i], v_cache[i], meta, layer.window)
+            h += F.linear(att, layer.o, layer.o_bias)
+            gate_up = F.linear(self._rms_norm(h, layer.post_norm), layer.gate_up, layer.gate_up_bias)
+            act = self.act(gate_up[:, :inter]).mul_(gate_up[:, inter:])
+            h += F.linear(act, layer.down, layer.down_bias)
+        return h
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits for the given rows only (the rows that sample)."""
+        return F.linear(self._rms_norm(hidden, self.norm), self.lm_head).float()
+
+    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        # As transformers does it: normalise in float32, cast back, then scale.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return weight * xf.to(x.dtype)
+
+
+def _window(cfg: Any, index: int) -> int | None:
+    """Sliding window of layer `index`: Qwen2 marks layers in `layer_types`, Mistral sets it globally."""
+    window = getattr(cfg, "sliding_window", None)
+    if window is None:
+        return None
+    # Mistral applies its window to every layer whatever `layer_types` says; Qwen2 only to those marked.
+    layer_types = None if cfg.model_type == "mistral" else getattr(cfg, "layer_types", None)
+    if layer_types is not None and layer_types[index] != "sliding_attention":
+        return None
+    return int(window)

@@ -1,0 +1,155 @@
+"""Runs one step: the scheduled chunks become one flattened batch, one forward, logits for the samplers.
+
+Decode rows (chunks of one token) go first in the batch, prefill chunks after them; every linear
+layer sees all rows at once. Each new token's K/V is written in place into the preallocated cache at
+slot `block_table[p // block_size] * block_size + p % block_size`, and the lm_head runs only for
+the last row of the chunks that sample.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from engine.attention import AttentionBatch, AttentionGeometry, select_attention
+from engine.batch import ScheduledChunk
+from engine.config import EngineConfig
+from engine.kv_cache import KVCache, bytes_per_block, plan_num_blocks
+from engine.model.llama import Llama
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in _DTYPES:
+        raise ValueError(f"dtype must be auto or one of {', '.join(_DTYPES)}, got {name!r}")
+    return _DTYPES[name]
+
+
+class ModelRunner:
+    def __init__(self, hf_model: nn.Module, config: EngineConfig) -> None:
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.block_size = config.block_size
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be positive, got {self.block_size}")
+        with torch.no_grad():
+            self.model = Llama(hf_model, self.device, self.dtype)
+        m = self.model
+        self.vocab_size = m.vocab_size
+        per_block = bytes_per_block(m.num_layers, self.block_size, m.num_kv_heads, m.head_dim, self.dtype)
+        self.num_blocks = plan_num_blocks(config, per_block, self.device)
+        geometry = AttentionGeometry(
+            num_heads=m.num_heads,
+            num_kv_heads=m.num_kv_heads,
+            head_dim=m.head_dim,
+            block_size=self.block_size,
+            num_blocks=self.num_blocks,
+            device=self.device,
+            dtype=self.dtype,
+        )
+        self.attention = select_attention(geometry)
+        self.cache = KVCache(
+            m.num_layers, self.num_blocks, self.block_size, self.attention.cache_shape(), self.dtype, self.device
+        )
+        self.graphs = None
+        if self.attention.name == "flash-attn" and m.graph_safe:
+            from engine.attention.cuda import DecodeGraphs
+
+            with torch.inference_mode():
+                self.graphs = DecodeGraphs(self._forward, geometry, config.max_batch_size, m.max_positions)
+        logger.info(
+            "model runner: %s %s, attention %s, KV cache %s, CUDA graphs %s",
+            self.device, self.dtype, self.attention.name, self.kv_cache_summary(),
+            "on" if self.graphs is not None else "off",
+        )
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, config: EngineConfig) -> ModelRunner:
+        """From a local Hugging Face model directory (config.json + safetensors); never downloads."""
+        from transformers import AutoModelForCausalLM
+
+        device = resolve_device(config.device)
+        hf_model = AutoModelForCausalLM.from_pretrained(
+            str(path), dtype=resolve_dtype(config.dtype, device), local_files_only=True
+        )
+        return cls(hf_model, config)
+
+    def kv_cache_summary(self) -> str:
+        return self.cache.summary()
+
+    @torch.inference_mode()
+    def execute(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
+        """float32 logits [number of chunks that sample, vocab], in chunk order."""
+        if not chunks:
+            return torch.empty(0, self.vocab_size, dtype=torch.float32, device=self.device)
+        bs = self.block_size
+        order = [c for c in chunks if c.length == 1] + [c for c in chunks if c.length != 1]
+        ids: list[int] = []
+        positions: list[int] = []
+        slot_parts: list[torch.Tensor] = []
+        decode_slots: list[int] = []
+        last_row: dict[int, int] = {}  # id(chunk) -> its last row in the batch
+        for c in order:
+            self._check(c)
+            table, end = c.seq.block_table, c.start + c.length
+            ids += c.seq.token_ids[c.start : end]
+            if c.length == 1:
+                positions.append(c.start)
+                decode_slots.append(table[c.start // bs] * bs + c.start % bs)
+            else:
+                positions += range(c.start, end)
+                blocks = torch.tensor(table[c.start // bs : (end - 1) // bs + 1], dtype=torch.long)
+                first = c.start % bs
+                slot_parts.append((blocks[:, None] * bs + torch.arange(bs)).view(-1)[first : first + c.length])
+            last_row[id(c)] = len(ids) - 1
+        slots = torch.cat([torch.tensor(decode_slots, dtype=torch.long), *slot_parts]).to(self.device)
+        num_decode = len(decode_slots)
+        batch = AttentionBatch(
+            num_decode=num_decode,
+            query_lens=[c.length for c in order],
+            context_lens=[c.start + c.length for c in order],
+            block_tables=[c.seq.block_table for c in order],
+            slots=slots,
+        )
+        meta = self.attention.prepare(batch)
+        ids_t = torch.tensor(ids, dtype=torch.long, device=self.device)
+        pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
+        hidden = None
+        if self.graphs is not None and num_decode == len(order):
+            hidden = self.graphs.run(ids_t, pos_t, meta)
+        if hidden is None:
+            hidden = self._forward(ids_t, pos_t, meta)
+        rows = [last_row[id(c)] for c in chunks if c.sample]
+        if not rows:
+            return torch.empty(0, self.vocab_size, dtype=torch.float32, device=self.device)
+        picked = hidden.index_select(0, torch.tensor(rows, dtype=torch.long, device=self.device))
+        return self.model.logits(picked)
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, meta: object) -> torch.Tensor:
+        return self.model.forward(ids, positions, meta, self.attention, self.cache.k, self.cache.v)
+
+    def _check(self, c: ScheduledChunk) -> None:
+        end = c.start + c.length
+        if c.length < 1 or c.start < 0 or end > c.seq.num_tokens:
+            raise ValueError(
+                f"chunk of {c.seq.request_id!r} [{c.start}, {end}) is outside its {c.seq.num_tokens} tokens"
+            )
+        if len(c.seq.block_table) * self.block_size < end:
+            raise ValueError(
+                f"block table of {c.seq.request_id!r} covers {len(c.seq.block_table) * self.block_size} "
+                f"positions, the chunk needs {end}"
+            )

@@ -1,0 +1,200 @@
+"""ModelRunner against the transformers model's own full forward, on tiny random models (CPU, fp32)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from engine import kv_cache
+from engine.batch import ScheduledChunk
+from engine.config import EngineConfig
+from engine.model_runner import ModelRunner
+from engine.sequence import Sequence
+
+VOCAB = 256
+SHAPE = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=VOCAB,
+    max_position_embeddings=256,
+    # Large weights make attention peaky, so reading the wrong context changes the logits a lot.
+    initializer_range=0.3,
+)
+
+
+def _model(cls: type, config_cls: type, **extra: object) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return cls(config_cls(**SHAPE, **extra)).eval()
+
+
+@pytest.fixture(scope="module")
+def llama() -> LlamaForCausalLM:
+    return _model(LlamaForCausalLM, LlamaConfig)
+
+
+def _runner(hf: torch.nn.Module, block_size: int = 4, num_blocks: int = 512) -> ModelRunner:
+    return ModelRunner(hf, EngineConfig(block_size=block_size, num_blocks=num_blocks, device="cpu"))
+
+
+class Allocator:
+    """Hands out blocks in shuffled order, so no sequence's blocks are contiguous or ascending."""
+
+    def __init__(self, runner: ModelRunner, seed: int = 0) -> None:
+        self.free = list(range(runner.num_blocks))
+        random.Random(seed).shuffle(self.free)
+        self.block_size = runner.block_size
+
+    def cover(self, seq: Sequence, upto: int) -> None:
+        while len(seq.block_table) * self.block_size < upto:
+            seq.block_table.append(self.free.pop())
+
+
+def _prompt(n: int, rng: random.Random) -> list[int]:
+    return [rng.randrange(VOCAB) for _ in range(n)]
+
+
+@torch.no_grad()
+def _reference(hf: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
+    return hf(torch.tensor([tokens])).logits[0, -1].float()
+
+
+def _drive(runner: ModelRunner, hf: torch.nn.Module, plans: list[tuple[int, int, int, int]], seed: int = 0) -> int:
+    """Runs sequences through steps and checks every sampled row against the reference.
+
+    A plan is (prompt length, prefill chunk size, first step, tokens to generate). Each step, every
+    active sequence gets one chunk: the next piece of its prompt, or one decode token. Greedy tokens
+    come from the reference so both sides stay on the same path. Returns the number of rows checked.
+    """
+    rng = random.Random(seed)
+    alloc = Allocator(runner, seed)
+    seqs = [Sequence(f"r{i}", _prompt(n, rng)) for i, (n, _, _, _) in enumerate(plans)]
+    checked, step = 0, 0
+    while any(s.num_generated < plan[3] for s, plan in zip(seqs, plans, strict=True)):
+        chunks = []
+        for s, (_, chunk, first, gen) in zip(seqs, plans, strict=True):
+            if step < first or s.num_generated >= gen:
+                continue
+            length = min(chunk, s.num_uncomputed)
+            alloc.cover(s, s.num_computed_tokens + length)
+            chunks.append(ScheduledChunk(s, s.num_computed_tokens, length))
+        rng.shuffle(chunks)  # chunk order must not matter
+        logits = runner.execute(chunks)
+        sampling = [c for c in chunks if c.sample]
+        assert logits.shape == (len(sampling), VOCAB)
+        assert logits.dtype == torch.float32
+        for c in chunks:
+            c.seq.num_computed_tokens += c.length
+        for c, row in zip(sampling, logits, strict=True):
+            ref = _reference(hf, c.seq.token_ids)
+            torch.testing.assert_close(row, ref, atol=1e-4, rtol=1e-4)
+            c.seq.append_token(int(ref.argmax()))
+            checked += 1
+        step += 1
+    return checked
+
+
+def test_mixed_prompt_lengths_in_one_call(llama: LlamaForCausalLM) -> None:
+    runner = _runner(llama)
+    rng = random.Random(1)
+    alloc = Allocator(runner, 1)
+    seqs = [Sequence(f"r{n}", _prompt(n, rng)) for n in (1, 2, 7, 16, 33)]
+    for s in seqs:
+        alloc.cover(s, s.num_tokens)
+    logits = runner.execute([ScheduledChunk(s, 0, s.num_tokens) for s in seqs])
+    for s, row in zip(seqs, logits, strict=True):
+        torch.testing.assert_close(row, _reference(llama, s.token_ids), atol=1e-4, rtol=1e-4)
+
+
+def test_decode_steps_after_prefill(llama: LlamaForCausalLM) -> None:
+    assert _drive(_runner(llama), llama, [(5, 64, 0, 6), (12, 64, 0, 6), (3, 64, 0, 6)]) == 18
+
+
+def test_chunked_prefill_while_others_decode(llama: LlamaForCausalLM) -> None:
+    # r0 decodes from step 1 on while r1's 37-token prompt arrives in chunks of 6 and r2 joins late.
+    checked = _drive(_runner(llama), llama, [(4, 64, 0, 10), (37, 6, 0, 3), (9, 4, 3, 4)])
+    assert checked == 17
+
+
+@pytest.mark.parametrize("block_size", [1, 3, 5, 16])
+def test_block_sizes_that_do_not_divide_lengths(llama: LlamaForCausalLM, block_size: int) -> None:
+    _drive(_runner(llama, block_size=block_size), llama, [(11, 7, 0, 3), (2, 64, 1, 4), (19, 64, 0, 2)])
+
+
+def test_many_decode_rows(llama: LlamaForCausalLM) -> None:
+    # More decode rows than one attention gather group, with uneven context lengths.
+    _drive(_runner(llama, num_blocks=1024), llama, [(2 + i % 9, 64, 0, 3) for i in range(37)])
+
+
+def test_qwen2_attention_bias() -> None:
+    hf = _model(Qwen2ForCausalLM, Qwen2Config)
+    assert hf.model.layers[0].self_attn.q_proj.bias is not None
+    with torch.no_grad():  # random biases: zero ones would not test that they are applied
+        for layer in hf.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 1)
+    _drive(_runner(hf), hf, [(9, 4, 0, 4), (3, 64, 0, 5)])
+
+
+def test_mistral_sliding_window() -> None:
+    hf = _model(MistralForCausalLM, MistralConfig, sliding_window=5)
+    runner = _runner(hf)
+    assert all(layer.window == 5 for layer in runner.model.layers)
+    _drive(runner, hf, [(13, 4, 0, 6), (3, 64, 0, 9), (8, 64, 2, 3)])
+
+
+def test_sampling_rows_only(llama: LlamaForCausalLM) -> None:
+    runner = _runner(llama)
+    rng = random.Random(2)
+    alloc = Allocator(runner, 2)
+    a, b = Sequence("a", _prompt(10, rng)), Sequence("b", _prompt(6, rng))
+    alloc.cover(a, 10)
+    alloc.cover(b, 6)
+    # a's first chunk does not reach the end of its tokens: no logits for it.
+    logits = runner.execute([ScheduledChunk(a, 0, 4), ScheduledChunk(b, 0, 6)])
+    assert logits.shape == (1, VOCAB)
+    torch.testing.assert_close(logits[0], _reference(llama, b.token_ids), atol=1e-4, rtol=1e-4)
+    assert runner.execute([]).shape == (0, VOCAB)
+
+
+def test_from_pretrained_with_tied_embeddings(tmp_path) -> None:
+    hf = _model(LlamaForCausalLM, LlamaConfig, tie_word_embeddings=True)
+    hf.save_pretrained(tmp_path)
+    runner = ModelRunner.from_pretrained(tmp_path, EngineConfig(block_size=4, num_blocks=64, device="cpu"))
+    assert runner.model.lm_head is runner.model.embed
+    assert (runner.device.type, runner.dtype, runner.vocab_size) == ("cpu", torch.float32, VOCAB)
+    _drive(runner, hf, [(7, 3, 0, 3), (2, 64, 0, 3)])
+
+
+def test_cache_geometry(llama: LlamaForCausalLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    per_block = kv_cache.bytes_per_block(2, 16, 2, 16, torch.float32)
+    assert per_block == 2 * 2 * 16 * 2 * 16 * 4
+    runner = ModelRunner(llama, EngineConfig(kv_cache_memory=per_block * 10 + 5, device="cpu"))
+    assert runner.num_blocks == 10
+    assert runner.kv_cache_summary() == f"10 blocks = 160 tokens ({per_block * 10 / 2**30:.2f} GiB)"
+    monkeypatch.setattr(kv_cache, "available_memory", lambda device: per_block * 100)
+    runner = ModelRunner(llama, EngineConfig(kv_cache_fraction=0.25, device="cpu"))
+    assert runner.num_blocks == 25
+    with pytest.raises(ValueError, match="no block"):
+        ModelRunner(llama, EngineConfig(kv_cache_memory=per_block - 1, device="cpu"))
+
+
+def test_short_block_table_is_rejected(llama: LlamaForCausalLM) -> None:
+    runner = _runner(llama)
+    seq = Sequence("a", list(range(9)), block_table=[0, 1])
+    with pytest.raises(ValueError, match="block table"):
+        runner.execute([ScheduledChunk(seq, 0, 9)])
+
+
+def test_unsupported_model_type_is_rejected() -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    hf = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=64, n_positions=32))
+    with pytest.raises(ValueError, match="not supported"):
+        _runner(hf)
