@@ -14,6 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.asyncio import Redis
 
 from api import tgi
+from api.chat_template import ChatTemplate
 from api.errors import ApiError
 from api.jobs import JobStore
 from api.relay import Relay
@@ -52,6 +53,7 @@ def create_app(settings: Settings, model_dir: Path, model_id: str) -> FastAPI:
             jobs=JobStore(redis, keys, settings.max_concurrent_requests, settings.result_ttl),
             relay=relay,
             model_id=model_id,
+            chat_template=ChatTemplate.from_model_dir(model_dir),
         )
         try:
             yield

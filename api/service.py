@@ -9,6 +9,7 @@ from typing import Literal, overload
 
 from fastapi import Request
 
+from api.chat_template import ChatTemplate
 from api.jobs import JobStore
 from api.relay import Relay
 from api.tokenizer import PromptTokenizer
@@ -23,6 +24,7 @@ class Service:
     jobs: JobStore
     relay: Relay
     model_id: str
+    chat_template: ChatTemplate | None = None
 
     @overload
     def follow(self, job_id: str, request: Request) -> AsyncIterator[JobEvent]: ...

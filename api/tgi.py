@@ -57,7 +57,7 @@ def _full_text(inputs: str, text: str, return_full_text: bool | None) -> str:
 async def generate(body: GenerateRequest, request: Request) -> GenerateResponse:
     """Generate tokens; answers when the job is done."""
     service: Service = request.app.state.service
-    spec = tgi_job(service.settings, service.tokenizer, body.inputs, body.parameters)
+    spec = tgi_job(service.settings, service.tokenizer, service.chat_template, body.inputs, body.parameters)
     await service.jobs.submit(spec)
     tokens: list[Token] = []
     top_tokens: list[list[Token]] = []
@@ -127,7 +127,7 @@ async def _stream(service: Service, spec: JobSpec, inputs: str, body: GenerateRe
 async def generate_stream(body: GenerateRequest, request: Request) -> StreamingResponse:
     """Generate tokens, streamed as Server-Sent Events in TGI's shape."""
     service: Service = request.app.state.service
-    spec = tgi_job(service.settings, service.tokenizer, body.inputs, body.parameters)
+    spec = tgi_job(service.settings, service.tokenizer, service.chat_template, body.inputs, body.parameters)
     await service.jobs.submit(spec)
     return StreamingResponse(
         _stream(service, spec, body.inputs, body, request),

@@ -19,6 +19,13 @@ class PromptTokenizer:
                 "run `conveyor model convert` or point --model at a Hugging Face model directory"
             )
         self._tokenizer = Tokenizer.from_file(str(path))
+        self.special_tokens = frozenset(
+            t.content for t in self._tokenizer.get_added_tokens_decoder().values() if t.special
+        )
+
+    def has_special_tokens(self, text: str) -> bool:
+        """True when the text already contains special tokens (e.g. a prompt someone templated)."""
+        return any(token in text for token in self.special_tokens)
 
     def encode(self, text: str) -> list[int]:
         return list(self._tokenizer.encode(text).ids)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from api.chat_template import ChatTemplate, ChatTemplateError
 from api.errors import ValidationError
 from api.jobs import new_job_id
 from api.tokenizer import PromptTokenizer
@@ -56,10 +57,21 @@ def check_common(settings: Settings, p: GenerateParameters) -> None:
         )
 
 
-def tgi_job(settings: Settings, tokenizer: PromptTokenizer, inputs: str, p: GenerateParameters,
-            tenant: str = "default") -> JobSpec:
+def tgi_prompt(settings: Settings, tokenizer: PromptTokenizer, template: ChatTemplate | None,
+               inputs: str) -> str:
+    """What the model sees for TGI `inputs`: see the `generate_prompt_format` setting."""
+    if settings.generate_prompt_format == "raw" or template is None or tokenizer.has_special_tokens(inputs):
+        return inputs
+    try:
+        return template.render([{"role": "user", "content": inputs}])
+    except ChatTemplateError as exc:
+        raise ValidationError(f"inputs: {exc}") from exc
+
+
+def tgi_job(settings: Settings, tokenizer: PromptTokenizer, template: ChatTemplate | None, inputs: str,
+            p: GenerateParameters, tenant: str = "default") -> JobSpec:
     check_common(settings, p)
-    prompt_ids = tokenizer.encode(inputs)
+    prompt_ids = tokenizer.encode(tgi_prompt(settings, tokenizer, template, inputs))
     if p.truncate is not None and len(prompt_ids) > p.truncate:
         prompt_ids = prompt_ids[-p.truncate :]  # TGI keeps the end of the prompt
     check_prompt_length(settings, len(prompt_ids))

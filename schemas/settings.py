@@ -50,6 +50,12 @@ class Settings(BaseSettings):
     workers: int = Field(default=1, ge=0, le=64, description="Engine workers `conveyor serve` starts.")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
+    generate_prompt_format: Literal["auto", "raw"] = Field(
+        default="auto",
+        description="auto: TGI `inputs` without special tokens are sent as one user message through the "
+        "model's chat template (an instruct model then answers); raw: as given, like TGI.",
+    )
+
     # --- request limits (TGI names) ---------------------------------------------------------
     max_concurrent_requests: int = Field(
         default=128, ge=1, description="Jobs queued or running at once before 429 'Model is overloaded'."
