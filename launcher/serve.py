@@ -56,6 +56,9 @@ class Supervisor:
                 child.wait()
 
 
+logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per readiness poll is noise
+
+
 def _wait_ready(url: str, supervisor: Supervisor, timeout: float = 600.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not supervisor.stopping:

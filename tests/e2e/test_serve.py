@@ -1,0 +1,53 @@
+"""`conveyor serve` as a user runs it: embedded Redis, api, worker, webhook worker; SIGTERM stops
+every child, the redis-server included."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import psutil
+import pytest
+
+from launcher.redis_server import free_port
+
+pytestmark = pytest.mark.slow
+
+
+def test_serve_answers_then_stops_every_child(tmp_path, default_model_dir) -> None:  # type: ignore[no-untyped-def]
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launcher.cli", "serve", "--port", str(port), "--data-dir", str(tmp_path),
+         "--model", str(default_model_dir), "--kv-cache-memory", "256MiB"],
+        env=env, stdout=log, stderr=log,
+    )
+    base = f"http://127.0.0.1:{port}"
+    children: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()
+            try:
+                if httpx.get(base + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        r = httpx.post(base + "/generate", json={"inputs": "Say hi", "parameters": {"max_new_tokens": 3}},
+                       timeout=180)
+        assert r.status_code == 200, r.text
+        children = psutil.Process(proc.pid).children(recursive=True)
+        names = " ".join(" ".join(c.cmdline()) for c in children)
+        assert "valkey-server" in names and " worker" in names and " api" in names and "rq" in names
+        assert (tmp_path / "redis" / "appendonlydir").is_dir()  # AOF is on
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, (tmp_path / "serve.log").read_text()
+    gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive, f"orphans left: {[c.cmdline() for c in alive]}"
+    assert "Conveyor is serving" in (tmp_path / "serve.log").read_text()
