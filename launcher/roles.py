@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 
 from schemas.settings import Settings
@@ -28,7 +29,10 @@ def run_api(settings: Settings) -> int:
     if not settings.redis_url:
         raise SystemExit("conveyor api: set REDIS_URL (or use `conveyor serve`, which starts Redis)")
     source = _model(settings)
-    app = create_app(settings, source.path, settings.served_model_name or source.model_id)
+    try:
+        app = create_app(settings, source.path, settings.served_model_name or source.model_id)
+    except ValueError as exc:  # e.g. an unreadable api_keys_file
+        raise SystemExit(f"conveyor api: {exc}") from None
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                 timeout_graceful_shutdown=5)
     return 0
@@ -51,6 +55,7 @@ def engine_config(settings: Settings):  # type: ignore[no-untyped-def]
 
 def run_worker(settings: Settings, worker_id: str | None) -> int:
     from redis.asyncio import Redis
+    from redis.exceptions import ConnectionError as RedisConnectionError
 
     from engine.engine import Engine
     from worker.service import Worker
@@ -62,12 +67,29 @@ def run_worker(settings: Settings, worker_id: str | None) -> int:
 
     async def main() -> None:
         redis = Redis.from_url(settings.redis_url, decode_responses=True)  # type: ignore[arg-type]
-        worker = Worker(settings, engine, redis, worker_id)
+        worker = Worker(settings, engine, redis, worker_id, settings.served_model_name or source.model_id)
+        signals = 0
+
+        def on_signal() -> None:
+            nonlocal signals
+            signals += 1
+            if signals == 1:
+                log.info("stopping: draining for up to %.0fs (signal again to exit now)",
+                         settings.drain_timeout)
+                worker.stop()
+            else:  # its jobs stay pending; other workers resume them after the lease
+                log.warning("second signal: exiting now")
+                logging.shutdown()
+                os._exit(1)
+
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, worker.stop)
+            loop.add_signal_handler(sig, on_signal)
         try:
             await worker.run()
+        except RedisConnectionError as exc:
+            raise SystemExit(f"conveyor worker: cannot reach Redis at {settings.redis_url} ({exc}): "
+                             "start it, or point REDIS_URL at a running one") from None
         finally:
             await redis.aclose()
 

@@ -2,7 +2,8 @@
 
 Order: model (converted once, with progress) → Redis (embedded unless REDIS_URL) → workers,
 webhook worker, api. Any child dying, Ctrl-C or SIGTERM stops them all (SIGTERM, then SIGKILL
-after the drain timeout); the embedded Redis stops last, so nothing is orphaned.
+once the workers' drain timeout and a grace period have passed); the embedded Redis stops last,
+so nothing is orphaned.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from schemas.settings import Settings
 log = logging.getLogger("conveyor")
 
 WEBHOOK_QUEUE = "conveyor-webhooks"
-STOP_TIMEOUT_S = 30.0
+STOP_GRACE_S = 15.0  # beyond the workers' drain timeout: stopping the engine, handing jobs back
 
 
 class Supervisor:
@@ -42,7 +43,7 @@ class Supervisor:
                 return f"{name} exited with {child.returncode}"
         return None
 
-    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+    def stop(self, timeout: float) -> None:
         for child in self.children.values():
             if child.poll() is None:
                 child.send_signal(signal.SIGTERM)
@@ -123,7 +124,7 @@ def serve(settings: Settings) -> int:
             time.sleep(0.2)
     finally:
         supervisor.stopping = True
-        supervisor.stop()
+        supervisor.stop(settings.drain_timeout + STOP_GRACE_S)
         if redis is not None:
             redis.stop()
         log.info("stopped")

@@ -5,8 +5,9 @@ the record both keep up to date. Shared by api and worker; no dialect-specific s
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import AnyHttpUrl, BaseModel, Field, field_validator
 
 
 class JobStatus(StrEnum):
@@ -41,6 +42,24 @@ class StoppingSpec(BaseModel):
     ignore_eos: bool = False
 
 
+WebhookEvent = Literal["started", "completed"]
+
+
+class Webhook(BaseModel):
+    """Where to tell a web backend about its job (delivered by the webhook worker, signed)."""
+
+    url: AnyHttpUrl
+    events: list[WebhookEvent] = Field(default=["completed"], min_length=1)
+
+    @field_validator("events")
+    @classmethod
+    def _unique(cls, events: list[str]) -> list[str]:
+        return list(dict.fromkeys(events))
+
+
+JobKind = Literal["generate", "chat", "completion"]
+
+
 class JobSpec(BaseModel):
     """What a worker needs to run a job; written once by the api, never changed."""
 
@@ -50,8 +69,10 @@ class JobSpec(BaseModel):
     prompt_ids: list[int]
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
     stopping: StoppingSpec
-    priority: int = 0
+    priority: int = 0  # higher is served first
     deadline: float | None = None  # epoch seconds; a job still queued then ends `expired`
+    kind: JobKind = "generate"  # the body it was submitted with (TGI generate, OpenAI chat/completion)
+    webhook: Webhook | None = None
 
 
 class EventToken(BaseModel):
@@ -67,6 +88,14 @@ class Usage(BaseModel):
     cached_tokens: int = 0
 
 
+class Timings(BaseModel):
+    """Seconds, measured from the job's `created_at` (when the api accepted it)."""
+
+    queue_s: float | None = None  # until a worker first started it
+    ttft_s: float | None = None  # until its first token was published
+    total_s: float  # until its final record was written
+
+
 class JobResult(BaseModel):
     status: JobStatus
     generated_text: str = ""
@@ -74,6 +103,7 @@ class JobResult(BaseModel):
     usage: Usage | None = None
     seed: int | None = None
     error: str | None = None
+    timings: Timings | None = None
 
 
 class JobEvent(BaseModel):
@@ -100,6 +130,8 @@ class RecordField(StrEnum):
     STARTED_AT = "started_at"
     FIRST_TOKEN_AT = "first_token_at"
     FINISHED_AT = "finished_at"
-    WORKER = "worker"
+    WORKER = "worker"  # the worker that owns the job now: only it may append events (a fence)
+    ATTEMPTS = "attempts"  # deliveries so far (1 = first run; more = resumed after a failure)
+    SEED = "seed"  # fixed by the first worker for sampled jobs without one, so a resume continues exactly
     RESULT = "result"
     CANCEL = "cancel"

@@ -9,6 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 WORKER_GROUP = "workers"
+DEAD_LETTER_MAXLEN = 10_000  # the dead-letter stream keeps about this many newest entries
+
+
+def event_entry_id(index: int) -> str:
+    """Entry ID of event `index` in a job's event stream: `0-(index+1)`.
+
+    IDs that follow the index make the stream reject a second event with the same index (XADD
+    needs a growing ID), so a retried pipeline or a resumed job can never write a duplicate.
+    """
+    return f"0-{index + 1}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,12 +27,20 @@ class Keys:
 
     @property
     def jobs_stream(self) -> str:
-        """Stream of submitted jobs; consumer group WORKER_GROUP."""
+        """Stream of submitted jobs; consumer group WORKER_GROUP. No TTL: a worker deletes an entry
+        when it acknowledges it, so the stream holds only queued and running jobs."""
         return f"{self.prefix}:jobs"
 
     @property
     def dead_letter_stream(self) -> str:
+        """Jobs given up on (delivered more than max_attempts times, or unreadable). No TTL;
+        capped at about DEAD_LETTER_MAXLEN entries."""
         return f"{self.prefix}:jobs:dead"
+
+    @property
+    def fleet_keys(self) -> tuple[str, str]:
+        """The keys without a TTL: shared by every job, bounded in size."""
+        return (self.jobs_stream, self.dead_letter_stream)
 
     @property
     def control_channel(self) -> str:
@@ -42,7 +60,7 @@ class Keys:
         return f"{self.prefix}:job:{{{job_id}}}:live"
 
     def worker(self, worker_id: str) -> str:
-        """Heartbeat key of a worker (with a TTL)."""
+        """Heartbeat of a worker: its WorkerInfo as JSON, with a TTL of job_lease_ms."""
         return f"{self.prefix}:worker:{worker_id}"
 
     @property
@@ -50,7 +68,16 @@ class Keys:
         return f"{self.prefix}:worker:*"
 
     def idempotency(self, tenant: str, key: str) -> str:
+        """String: `job_id fingerprint` for a tenant's Idempotency-Key (SET NX EX idempotency_ttl)."""
         return f"{self.prefix}:idem:{tenant}:{key}"
+
+    def tenant_jobs(self, tenant: str) -> str:
+        """Sorted set: the tenant's jobs by creation time, for listing; TTL refreshed on each submit."""
+        return f"{self.prefix}:tenant:{tenant}:jobs"
+
+    def tenant_active(self, tenant: str) -> str:
+        """Sorted set: the tenant's jobs not yet seen terminal, by creation time (per-tenant cap)."""
+        return f"{self.prefix}:tenant:{tenant}:active"
 
     def job_keys(self, job_id: str) -> tuple[str, str]:
         """Keys that get the result TTL when a job ends."""

@@ -8,6 +8,7 @@ workers and the webhook worker of one service always agree.
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Literal
 
@@ -56,9 +57,29 @@ class Settings(BaseSettings):
         "model's chat template (an instruct model then answers); raw: as given, like TGI.",
     )
 
+    # --- access -----------------------------------------------------------------------------
+    api_keys: str | None = Field(
+        default=None,
+        description="API keys as KEY=TENANT pairs, comma-separated (a bare KEY is tenant 'default'). "
+        "Prefer the environment or api_keys_file: flags show in `ps`.",
+    )
+    api_keys_file: Path | None = Field(
+        default=None, description="JSON file {\"KEY\": \"TENANT\", ...}; read at start-up, with api_keys."
+    )
+    allow_unauthenticated: bool = Field(
+        default=False,
+        description="Serve without API keys on a non-loopback host (without keys the api refuses to).",
+    )
+
     # --- request limits (TGI names) ---------------------------------------------------------
     max_concurrent_requests: int = Field(
         default=128, ge=1, description="Jobs queued or running at once before 429 'Model is overloaded'."
+    )
+    max_concurrent_requests_per_tenant: int | None = Field(
+        default=None, ge=1, description="Jobs one tenant may have queued or running; unset: no own cap."
+    )
+    payload_limit: int = Field(
+        default=2_000_000, ge=1024, description="Largest request body in bytes; larger: 413."
     )
     max_input_tokens: int = Field(default=4095, ge=1, description="Prompt tokens per request.")
     max_total_tokens: int = Field(
@@ -99,7 +120,35 @@ class Settings(BaseSettings):
 
     # --- jobs -------------------------------------------------------------------------------
     result_ttl: int = Field(default=3600, ge=1, description="Seconds a finished job's keys live.")
-    event_stream_maxlen: int = Field(default=16384, ge=16, description="Cap of a job's event stream.")
+    event_stream_maxlen: int = Field(
+        default=16384, ge=16,
+        description="Cap of a job's event stream; must exceed max_total_tokens so a job can be resumed.",
+    )
+    idempotency_ttl: int = Field(
+        default=86400, ge=1, description="Seconds an Idempotency-Key keeps answering with its job."
+    )
+
+    # --- worker fleet -----------------------------------------------------------------------
+    job_lease_ms: int = Field(
+        default=30_000, ge=100,
+        description="A job whose worker has not renewed it for this long (the worker died or hung) is "
+        "reclaimed by another worker and resumed from its events; also the heartbeat key's TTL.",
+    )
+    heartbeat_interval_ms: int = Field(
+        default=5_000, ge=10,
+        description="How often a worker writes its heartbeat, renews its jobs' leases and looks for "
+        "abandoned jobs; at most a third of job_lease_ms.",
+    )
+    max_attempts: int = Field(
+        default=3, ge=1,
+        description="Deliveries of a job (first run and resumes after a worker died) before it is "
+        "moved to the dead-letter stream as failed: a job that kills its worker must not loop.",
+    )
+    drain_timeout: float = Field(
+        default=30.0, ge=0,
+        description="Seconds a worker keeps running its jobs after SIGTERM/SIGINT (it reads no new "
+        "ones); what is left is handed to other workers, which resume it. A second signal exits now.",
+    )
 
     @model_validator(mode="after")
     def _check_limits(self) -> Settings:
@@ -107,6 +156,22 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"max_input_tokens ({self.max_input_tokens}) must be < max_total_tokens "
                 f"({self.max_total_tokens})"
+            )
+        if self.event_stream_maxlen <= self.max_total_tokens:
+            raise ValueError(
+                f"event_stream_maxlen ({self.event_stream_maxlen}) must be > max_total_tokens "
+                f"({self.max_total_tokens}): a resumed job needs all its events; raise it"
+            )
+        if self.heartbeat_interval_ms * 3 > self.job_lease_ms:
+            raise ValueError(
+                f"heartbeat_interval_ms ({self.heartbeat_interval_ms}) must be at most a third of "
+                f"job_lease_ms ({self.job_lease_ms}), or a healthy worker's jobs could be taken over; "
+                "lower the interval or raise the lease"
+            )
+        if not (self.api_keys or self.api_keys_file or self.allow_unauthenticated or is_loopback(self.host)):
+            raise ValueError(
+                f"host {self.host} is not a loopback address and no API keys are configured: set api_keys "
+                "or api_keys_file, or allow_unauthenticated=true to serve without authentication"
             )
         return self
 
@@ -120,6 +185,15 @@ class Settings(BaseSettings):
         for name, value in self.model_dump(exclude_none=True).items():
             env[ENV_PREFIX + name.upper()] = str(value).lower() if isinstance(value, bool) else str(value)
         return env
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: only "localhost" is known to be loopback
+        return False
 
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,

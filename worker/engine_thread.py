@@ -1,8 +1,9 @@
 """Runs the engine's step loop in its own thread, so the asyncio loop stays free for Redis I/O.
 
-Commands (add, abort) go in through a queue and are applied between steps; each step's events
-come out through a callback scheduled on the asyncio loop. Publishing step k therefore overlaps
-the compute of step k+1.
+Commands (add, abort) go in through a queue and are applied between steps, so an abort takes
+effect before the next step and frees the request's KV blocks; each step's events come out through
+a callback scheduled on the asyncio loop. Publishing step k therefore overlaps the compute of step
+k+1. A request the engine refuses (it could never fit) comes out as `rejected`, not as a crash.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.engine import Engine
+from engine.engine import Engine, EngineStats
 from engine.events import TokenEvent
 from engine.params import SamplingParams, StoppingParams
 
@@ -38,19 +39,26 @@ class AbortCommand:
     request_id: str
 
 
+@dataclass(slots=True)
+class StepOutput:
+    events: list[TokenEvent] = field(default_factory=list)
+    rejected: list[tuple[str, str]] = field(default_factory=list)  # (request id, why)
+
+
 class EngineThread:
     def __init__(
         self,
         engine: Engine,
         loop: asyncio.AbstractEventLoop,
-        on_events: Callable[[list[TokenEvent]], Any],
+        on_output: Callable[[StepOutput], Any],
         on_error: Callable[[BaseException], Any],
     ) -> None:
         self.engine = engine
         self._loop = loop
-        self._on_events = on_events
+        self._on_output = on_output
+        self.stats: EngineStats = engine.stats()  # as of the last step; read from any thread
         self._on_error = on_error
-        self._commands: queue.SimpleQueue[AddCommand | AbortCommand | None] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[list[AddCommand] | AbortCommand | None] = queue.SimpleQueue()
         self._pending_adds = 0  # added but not yet seen by the engine: counts against capacity
         self._lock = threading.Lock()
         self._stopping = False
@@ -64,10 +72,11 @@ class EngineThread:
         self._commands.put(None)
         self._thread.join(timeout=30)
 
-    def add(self, command: AddCommand) -> None:
+    def add(self, *commands: AddCommand) -> None:
+        """Queue requests; the ones given together reach the engine before the same step."""
         with self._lock:
-            self._pending_adds += 1
-        self._commands.put(command)
+            self._pending_adds += len(commands)
+        self._commands.put(list(commands))
 
     def abort(self, request_id: str) -> None:
         self._commands.put(AbortCommand(request_id))
@@ -77,8 +86,17 @@ class EngineThread:
             pending = self._pending_adds
         return max(0, self.engine.capacity() - pending)
 
-    def _apply(self, command: AddCommand | AbortCommand | None, events: list[TokenEvent]) -> None:
-        if isinstance(command, AddCommand):
+    def _apply(self, command: list[AddCommand] | AbortCommand | None, out: StepOutput) -> None:
+        if isinstance(command, list):
+            for add in command:
+                self._add(add, out)
+        elif isinstance(command, AbortCommand):
+            event = self.engine.abort(command.request_id)
+            if event is not None:
+                out.events.append(event)
+
+    def _add(self, command: AddCommand, out: StepOutput) -> None:
+        try:
             self.engine.add(
                 command.request_id,
                 command.prompt_ids,
@@ -88,31 +106,31 @@ class EngineThread:
                 deadline=command.deadline,
                 generated=command.generated,
             )
+        except ValueError as exc:  # e.g. it can never fit in this engine's KV cache
+            out.rejected.append((command.request_id, str(exc)))
+        finally:
             with self._lock:
                 self._pending_adds -= 1
-        elif isinstance(command, AbortCommand):
-            event = self.engine.abort(command.request_id)
-            if event is not None:
-                events.append(event)
 
     def _run(self) -> None:
         try:
             while not self._stopping:
-                events: list[TokenEvent] = []
+                out = StepOutput()
                 # Block for a command only when there is nothing to compute.
                 if not self.engine.has_unfinished():
-                    self._apply(self._commands.get(), events)
+                    self._apply(self._commands.get(), out)
                 while True:
                     try:
-                        self._apply(self._commands.get_nowait(), events)
+                        self._apply(self._commands.get_nowait(), out)
                     except queue.Empty:
                         break
                 if self._stopping:
                     break
                 if self.engine.has_unfinished():
-                    events.extend(self.engine.step())
-                if events:
-                    self._loop.call_soon_threadsafe(self._on_events, events)
+                    out.events.extend(self.engine.step())
+                self.stats = self.engine.stats()
+                if out.events or out.rejected:
+                    self._loop.call_soon_threadsafe(self._on_output, out)
         except BaseException as exc:  # the worker must learn that its engine died
             log.exception("engine thread failed")
             self._loop.call_soon_threadsafe(self._on_error, exc)

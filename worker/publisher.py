@@ -1,17 +1,24 @@
-"""Turns a step's engine events into Redis writes: one pipeline per step, never one per token."""
+"""Turns a step's events into Redis writes: one pipeline per step, never one round trip per token.
+
+Every event goes through the APPEND script, which writes only while this worker owns the job (the
+record's `worker` field): a worker that lost a job to another — it hung past its lease — learns so
+at its next write and stops, and can never interleave its events with the new owner's. A job's
+entry in the jobs stream is acknowledged (and deleted) only after its final record is written.
+"""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
 from engine.events import TokenEvent
 from engine.sequence import FinishReason
-from schemas.job import EventToken, JobEvent, JobResult, JobStatus, RecordField, Usage
-from schemas.keys import WORKER_GROUP, Keys
+from schemas.job import EventToken, JobEvent, JobResult, JobStatus, Timings, Usage
+from schemas.keys import DEAD_LETTER_MAXLEN, WORKER_GROUP, Keys, event_entry_id
+from worker.scripts import Scripts
 
 _STATUS_BY_REASON = {
     FinishReason.EOS: JobStatus.SUCCEEDED,
@@ -24,10 +31,29 @@ _STATUS_BY_REASON = {
 
 @dataclass(slots=True)
 class InFlight:
-    """A job this worker has read from the stream and not yet acknowledged."""
+    """A job this worker owns: read from the stream (or reclaimed), not yet acknowledged."""
 
+    job_id: str
     entry_id: str
-    first_token_seen: bool = False
+    created_at: float
+    deliveries: int = 1
+    tokens: int = 0  # tokens in its event stream so far
+    started_at: float | None = None
+    first_token_at: float | None = None
+    cancel_requested: bool = False
+
+    def timings(self, now: float) -> Timings:
+        def since(t: float | None) -> float | None:
+            return None if t is None else round(t - self.created_at, 6)
+
+        return Timings(queue_s=since(self.started_at), ttft_s=since(self.first_token_at),
+                       total_s=round(now - self.created_at, 6))
+
+
+@dataclass(slots=True)
+class Published:
+    ended: list[InFlight] = field(default_factory=list)  # final record written, entry acknowledged
+    lost: list[InFlight] = field(default_factory=list)  # owned by another worker now: stop running it
 
 
 def to_job_event(event: TokenEvent) -> JobEvent:
@@ -60,47 +86,68 @@ def to_job_event(event: TokenEvent) -> JobEvent:
 
 
 class Publisher:
-    def __init__(self, redis: Redis, keys: Keys, result_ttl: int, event_stream_maxlen: int) -> None:
+    def __init__(self, redis: Redis, keys: Keys, worker_id: str, scripts: Scripts, result_ttl: int,
+                 event_stream_maxlen: int) -> None:
         self.redis = redis
         self.keys = keys
+        self.worker_id = worker_id
+        self.scripts = scripts
         self.result_ttl = result_ttl
         self.maxlen = event_stream_maxlen
 
-    async def publish(self, items: list[tuple[str, JobEvent]], inflight: dict[str, InFlight]) -> list[str]:
-        """Writes one step's events in one pipeline; returns the ids of jobs that ended."""
+    async def publish(self, items: list[tuple[InFlight, JobEvent]]) -> Published:
+        """Writes one step's events in one pipeline, then acknowledges the jobs that ended."""
         now = time.time()
+        for job, event in items:
+            if event.token is not None:
+                job.tokens = max(job.tokens, event.index + 1)
+                if job.first_token_at is None:
+                    job.first_token_at = now
+            if event.result is not None:
+                event.result.timings = job.timings(now)
+
+        def build(pipe: Pipeline) -> None:
+            for job, event in items:
+                self._append(pipe, job.job_id, event, now)
+
+        results = await self.scripts.execute(build)
+        out = Published()
+        for (job, event), result in zip(items, results, strict=True):
+            if isinstance(result, Exception):
+                raise result
+            if result == 0:
+                out.lost.append(job)
+            elif event.final:
+                out.ended.append(job)
+        await self.ack([job.entry_id for job in out.ended])
+        return out
+
+    def _append(self, pipe: Pipeline, job_id: str, event: JobEvent, now: float) -> None:
+        result = event.result
+        first = event.token is not None and event.index == 0  # the first-token milestone
+        status = result.status.value if result else ""
+        result_json = result.model_dump_json(exclude_none=True) if result else ""
+        self.scripts.call(
+            pipe, "append", [self.keys.job(job_id), self.keys.events(job_id)],
+            [self.worker_id, event_entry_id(event.index), event.model_dump_json(exclude_none=True),
+             self.maxlen, self.keys.channel(job_id), now, int(first), int(event.final), status, result_json,
+             self.result_ttl],
+        )
+
+    async def ack(self, entry_ids: list[str]) -> None:
+        """Acknowledge and delete entries of the jobs stream: it keeps only unfinished jobs."""
+        if not entry_ids:
+            return
         pipe = self.redis.pipeline(transaction=False)
-        ended: list[str] = []
-        for job_id, event in items:
-            self.append(pipe, job_id, event.model_dump_json(exclude_none=True))
-            job = inflight.get(job_id)
-            if job is not None and not job.first_token_seen and event.token is not None:
-                job.first_token_seen = True
-                pipe.hset(self.keys.job(job_id), RecordField.FIRST_TOKEN_AT, now)
-            if event.final:
-                self.finish(pipe, job_id, event.result, now, job.entry_id if job else None)
-                ended.append(job_id)
+        pipe.xack(self.keys.jobs_stream, WORKER_GROUP, *entry_ids)
+        pipe.xdel(self.keys.jobs_stream, *entry_ids)
         await pipe.execute()
-        return ended
 
-    def append(self, pipe: Pipeline, job_id: str, payload: str) -> None:
-        pipe.xadd(self.keys.events(job_id), {"e": payload}, maxlen=self.maxlen, approximate=True)
-        pipe.publish(self.keys.channel(job_id), payload)
-
-    def finish(
-        self, pipe: Pipeline, job_id: str, result: JobResult | None, now: float, entry_id: str | None
-    ) -> None:
-        """Final record, ack and TTLs, queued on `pipe`."""
-        if result is not None:
-            pipe.hset(
-                self.keys.job(job_id),
-                mapping={
-                    RecordField.STATUS: result.status.value,
-                    RecordField.RESULT: result.model_dump_json(exclude_none=True),
-                    RecordField.FINISHED_AT: now,
-                },
-            )
-        if entry_id is not None:
-            pipe.xack(self.keys.jobs_stream, WORKER_GROUP, entry_id)
-        for key in self.keys.job_keys(job_id):
-            pipe.expire(key, self.result_ttl)
+    async def dead_letter(self, entry_id: str, fields: dict[str, str], deliveries: int, reason: str) -> None:
+        """Copy an entry to the dead-letter stream; the caller then ends the job and acknowledges."""
+        await self.redis.xadd(
+            self.keys.dead_letter_stream,
+            {**fields, "entry_id": entry_id, "deliveries": deliveries, "reason": reason,
+             "worker": self.worker_id, "at": time.time()},
+            maxlen=DEAD_LETTER_MAXLEN, approximate=True,
+        )

@@ -1,0 +1,35 @@
+"""What a worker says about itself in its heartbeat key (Keys.worker): who it is, what it serves,
+and how full its engine is. The api's /info and readiness can read it; tests read the KV stats."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+
+class EngineLoad(BaseModel):
+    """The engine's counters at the last step."""
+
+    running: int = 0
+    waiting: int = 0
+    blocks_used: int = 0  # KV blocks held by sequences (cached but free blocks are not counted)
+    blocks_free: int = 0
+    prefix_cache_hit_rate: float = 0.0
+    preemptions: int = 0
+    steps: int = 0
+
+
+class WorkerInfo(BaseModel):
+    id: str
+    pid: int
+    host: str
+    model: str
+    device: str
+    dtype: str
+    kv_blocks: int
+    block_size: int
+    max_batch_size: int
+    started_at: float
+    heartbeat_at: float
+    draining: bool = False  # stopping: reads no new jobs
+    jobs: int = 0  # jobs it owns now (read and not yet acknowledged)
+    load: EngineLoad = EngineLoad()
