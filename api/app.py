@@ -12,45 +12,81 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
+from starlette.exceptions import HTTPException
 
-from api import tgi
+from api import async_jobs, openai, tgi
+from api.auth import Auth, load_api_keys
 from api.chat_template import ChatTemplate
-from api.errors import ApiError
+from api.errors import ApiError, MalformedRequest, ValidationError, from_status, render
 from api.jobs import JobStore
+from api.limits import BodyLimit
+from api.openapi import openapi_schema
 from api.relay import Relay
 from api.service import Service
 from api.tokenizer import PromptTokenizer
 from schemas.keys import Keys
+from schemas.service import Ready
 from schemas.settings import Settings
+from schemas.tgi import Info
 
 log = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
+TAGS = ("generate", "chat", "completion")  # discriminator tags of /v1/jobs bodies: not field names
 
 
-def _error(status: int, message: str, error_type: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": message, "error_type": error_type}, status_code=status, headers=headers)
+def _describe(error: dict, path: str) -> tuple[str, str | None]:
+    loc = [str(p) for p in error.get("loc", ()) if p not in ("body", "query", "header", "path")]
+    if path.startswith("/v1/jobs") and loc and loc[0] in TAGS:
+        loc = loc[1:]
+    field = ".".join(loc)
+    message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+    return (f"{field}: {message}" if field else message), (field or None)
 
 
-def _describe(error: dict) -> str:
-    loc = ".".join(str(p) for p in error.get("loc", ()) if p != "body")
-    return f"{loc}: {error.get('msg', 'invalid')}" if loc else str(error.get("msg", "invalid"))
+def _auth(settings: Settings) -> Auth:
+    auth = Auth(load_api_keys(settings))
+    if auth.open:
+        log.warning("no API keys configured: the api is open, every caller is tenant 'default' (host %s%s)",
+                    settings.host, "" if not settings.allow_unauthenticated else ", allow_unauthenticated")
+    else:
+        log.info("API keys configured: %d key(s)", auth.num_keys)
+    return auth
+
+
+async def ready_state(service: Service) -> Ready:
+    """Redis answers and at least one worker heartbeat is live."""
+    redis = service.jobs.redis
+    try:
+        await redis.ping()
+    except (RedisError, OSError) as exc:
+        return Ready(status="not_ready", redis=False, workers=0, reason=f"Redis does not answer: {exc}")
+    workers = 0
+    async for _key in redis.scan_iter(match=service.jobs.keys.workers_pattern, count=1000):
+        workers += 1
+    if workers == 0:
+        return Ready(status="not_ready", redis=True, workers=0, reason="no worker heartbeat")
+    return Ready(status="ready", redis=True, workers=workers)
 
 
 def create_app(settings: Settings, model_dir: Path, model_id: str) -> FastAPI:
     if not settings.redis_url:
         raise ValueError("the api needs REDIS_URL (`conveyor serve` sets it for you)")
+    auth = _auth(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         redis = Redis.from_url(settings.redis_url, decode_responses=True)  # type: ignore[arg-type]
         keys = Keys(settings.key_prefix)
         relay = Relay(redis, keys)
+        jobs = JobStore(redis, keys, settings)
+        await jobs.ensure_group()
         await relay.start()
         app.state.service = Service(
             settings=settings,
             tokenizer=PromptTokenizer(model_dir),
-            jobs=JobStore(redis, keys, settings.max_concurrent_requests, settings.result_ttl),
+            jobs=jobs,
             relay=relay,
             model_id=model_id,
             chat_template=ChatTemplate.from_model_dir(model_dir),
@@ -64,59 +100,79 @@ def create_app(settings: Settings, model_dir: Path, model_id: str) -> FastAPI:
     app = FastAPI(
         title="Conveyor",
         version=VERSION,
-        description="LLM text generation as a job system: TGI and OpenAI dialects, async jobs.",
+        description="LLM text generation as a job system: TGI and OpenAI dialects, async jobs. Errors use "
+        "TGI's shape `{error, error_type}`, and OpenAI's `{error: {message, type, param, code}}` on /v1.",
         lifespan=lifespan,
     )
+    app.state.auth = auth
+    app.add_middleware(BodyLimit, limit=settings.payload_limit)
 
     @app.exception_handler(ApiError)
-    async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
-        return _error(exc.status_code, exc.message, exc.error_type, exc.headers)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return render(exc, request.url.path)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
+        path = request.url.path
         if any(e.get("type") == "json_invalid" for e in errors):
-            return _error(400, "the request body is not valid JSON: " + _describe(errors[0]), "validation")
-        return _error(422, "; ".join(_describe(e) for e in errors), "validation")
+            message, _ = _describe(errors[0], path)
+            return render(MalformedRequest("the request body is not valid JSON: " + message), path)
+        described = [_describe(e, path) for e in errors]
+        error = ValidationError("; ".join(m for m, _ in described), param=described[0][1])
+        return render(error, path)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        return render(from_status(exc.status_code, str(exc.detail)), request.url.path)
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s", request.url.path)
+        return render(ApiError(f"internal error: {type(exc).__name__}"), request.url.path)
 
     app.include_router(tgi.router)
+    app.include_router(openai.router)
+    app.include_router(async_jobs.router)
 
-    @app.get("/health", tags=["Service"])
+    @app.get("/health", tags=["Service"], responses={200: {"description": "The process serves requests"}})
     async def health() -> Response:
-        """Liveness: 200 while the process serves requests."""
+        """Liveness only: 200 while the process serves requests, overloaded or not."""
         return Response(status_code=200)
 
-    @app.get("/info", tags=["Service"])
-    async def info() -> dict:
-        """Model and limits, in TGI's shape."""
-        return {
-            "model_id": model_id,
-            "model_sha": None,
-            "model_dtype": "float32" if settings.device in ("cpu", "auto") else "bfloat16",
-            "model_device_type": settings.device,
-            "model_pipeline_tag": "text-generation",
-            "max_concurrent_requests": settings.max_concurrent_requests,
-            "max_best_of": settings.max_best_of,
-            "max_stop_sequences": settings.max_stop_sequences,
-            "max_input_tokens": settings.max_input_tokens,
-            "max_total_tokens": settings.max_total_tokens,
-            "max_top_n_tokens": settings.max_top_n_tokens,
-            "max_batch_prefill_tokens": settings.max_batch_prefill_tokens,
-            "max_batch_total_tokens": settings.max_batch_total_tokens,
-            "max_batch_size": settings.max_batch_size,
-            "max_waiting_tokens": settings.max_waiting_tokens,
-            "waiting_served_ratio": settings.waiting_served_ratio,
-            "validation_workers": 1,
-            "max_client_batch_size": 1,
-            "router": "conveyor",
-            "version": VERSION,
-            "sha": None,
-            "docker_label": None,
-        }
+    @app.get("/ready", tags=["Service"], response_model=Ready,
+             responses={503: {"model": Ready, "description": "Redis or every worker is unavailable"}})
+    async def ready(request: Request) -> JSONResponse:
+        """Readiness: Redis answers and at least one worker's heartbeat is live."""
+        state = await ready_state(request.app.state.service)
+        return JSONResponse(state.model_dump(), status_code=200 if state.status == "ready" else 503)
 
-    @app.get("/metrics", tags=["Service"])
+    @app.get("/info", tags=["Service"], response_model=Info)
+    async def info() -> Info:
+        """Model and limits, in TGI's shape."""
+        return Info(
+            model_id=model_id,
+            model_dtype="float32" if settings.device in ("cpu", "auto") else "bfloat16",
+            model_device_type=settings.device,
+            max_concurrent_requests=settings.max_concurrent_requests,
+            max_best_of=settings.max_best_of,
+            max_stop_sequences=settings.max_stop_sequences,
+            max_input_tokens=settings.max_input_tokens,
+            max_total_tokens=settings.max_total_tokens,
+            max_top_n_tokens=settings.max_top_n_tokens,
+            max_batch_prefill_tokens=settings.max_batch_prefill_tokens,
+            max_batch_total_tokens=settings.max_batch_total_tokens,
+            max_batch_size=settings.max_batch_size,
+            max_waiting_tokens=settings.max_waiting_tokens,
+            waiting_served_ratio=settings.waiting_served_ratio,
+            version=VERSION,
+        )
+
+    @app.get("/metrics", tags=["Service"], response_class=Response,
+             responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text format"}})
     async def metrics() -> Response:
         """Prometheus metrics."""
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
+    app.openapi = lambda: openapi_schema(app)  # type: ignore[method-assign]
     return app

@@ -4,25 +4,57 @@ from __future__ import annotations
 
 import time
 import uuid
+from contextlib import suppress
+from dataclasses import dataclass
 
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from api.errors import Overloaded
-from schemas.job import JobSpec, JobStatus, RecordField
-from schemas.keys import WORKER_GROUP, Keys
+from api.errors import Overloaded, ValidationError
+from api.tenants import TenantIndex
+from schemas.job import JobEvent, JobResult, JobSpec, JobStatus, RecordField
+from schemas.keys import WORKER_GROUP, Keys, event_entry_id
+from schemas.settings import Settings
+
+# queued → a terminal state, by the api, for a job no worker holds yet (cancelled, expired). One
+# job's keys only (one hash slot): the record, its event stream; the final event is published too.
+# Atomic with the worker's take: a worker that reads the job later finds it ended and only acks it.
+_END_QUEUED = """
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= 'queued' then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
+redis.pcall('XADD', KEYS[2], 'MAXLEN', '~', ARGV[9], ARGV[11], 'e', ARGV[7])
+redis.call('EXPIRE', KEYS[1], ARGV[8])
+redis.call('EXPIRE', KEYS[2], ARGV[8])
+redis.call('PUBLISH', ARGV[10], ARGV[7])
+return 1
+"""
+
+
+WRITE_GRACE_S = 10.0
 
 
 def new_job_id() -> str:
     return uuid.uuid4().hex
 
 
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    job_id: str
+    replayed: bool = False  # an earlier submit with the same Idempotency-Key
+
+
 class JobStore:
-    def __init__(self, redis: Redis, keys: Keys, max_concurrent_requests: int, result_ttl: int) -> None:
+    def __init__(self, redis: Redis, keys: Keys, settings: Settings) -> None:
         self.redis = redis
         self.keys = keys
-        self.max_concurrent_requests = max_concurrent_requests
-        self.result_ttl = result_ttl
+        self.settings = settings
+        self.tenants = TenantIndex(redis, keys, settings)
+        self._end_queued = redis.register_script(_END_QUEUED)
+
+    async def ensure_group(self) -> None:
+        """The workers' consumer group, so the queue's lag is measured before a worker starts."""
+        with suppress(ResponseError):  # BUSYGROUP: it exists already
+            await self.redis.xgroup_create(self.keys.jobs_stream, WORKER_GROUP, id="0", mkstream=True)
 
     async def outstanding(self) -> int | None:
         """Jobs queued (not yet read by a worker) plus running (read, not acknowledged)."""
@@ -38,31 +70,85 @@ class JobStore:
                 return int(group["pending"]) + int(lag)
         return 0
 
-    async def submit(self, spec: JobSpec) -> None:
-        outstanding = await self.outstanding()
-        if outstanding is not None and outstanding >= self.max_concurrent_requests:
-            raise Overloaded(retry_after=1)
+    async def submit(self, spec: JobSpec, idempotency_key: str | None = None,
+                     fingerprint: str = "") -> Submitted:
+        """Admits and writes the job; with an Idempotency-Key seen before, answers that job instead."""
+        idem = self.keys.idempotency(spec.tenant, idempotency_key) if idempotency_key else None
+        if idem is not None:
+            claim = f"{spec.id} {spec.created_at} {fingerprint}"
+            if not await self.redis.set(idem, claim, nx=True, ex=self.settings.idempotency_ttl):
+                earlier = await self._replay(idem, fingerprint)
+                if earlier is not None:
+                    return Submitted(earlier, replayed=True)
+                await self.redis.set(idem, claim, ex=self.settings.idempotency_ttl)
+        try:
+            await self._admit(spec)
+        except BaseException:
+            if idem is not None:
+                await self.redis.delete(idem)
+            raise
         # Record first, then the stream entry: a worker never reads a job without its record. Not a
-        # MULTI: the two keys live in different slots on Redis Cluster.
+        # MULTI: the keys live in different slots on Redis Cluster.
         pipe = self.redis.pipeline(transaction=False)
+        payload = spec.model_dump_json(exclude_none=True)
         pipe.hset(
             self.keys.job(spec.id),
             mapping={
                 RecordField.STATUS: JobStatus.QUEUED.value,
-                RecordField.SPEC: spec.model_dump_json(),
+                RecordField.SPEC: payload,
                 RecordField.TENANT: spec.tenant,
                 RecordField.CREATED_AT: spec.created_at,
             },
         )
-        pipe.xadd(self.keys.jobs_stream, {"id": spec.id, "spec": spec.model_dump_json()})
+        pipe.xadd(self.keys.jobs_stream, {"id": spec.id, "spec": payload})
+        self.tenants.add(pipe, spec)
         await pipe.execute()
+        return Submitted(spec.id)
+
+    async def _replay(self, idem: str, fingerprint: str) -> str | None:
+        value = await self.redis.get(idem)
+        if value is None:
+            return None
+        job_id, created_at, earlier_fingerprint = value.split(" ", 2)
+        if earlier_fingerprint != fingerprint:
+            raise ValidationError(
+                "Idempotency-Key was already used with a different request body: use a new key",
+                param="Idempotency-Key",
+            )
+        if time.time() - float(created_at) > WRITE_GRACE_S and not await self.redis.exists(
+            self.keys.job(job_id)
+        ):
+            return None  # that job's keys expired: this is a new job
+        return job_id  # (a job claimed moments ago may still be being written)
+
+    async def _admit(self, spec: JobSpec) -> None:
+        outstanding = await self.outstanding()
+        if outstanding is not None and outstanding >= self.settings.max_concurrent_requests:
+            raise Overloaded(retry_after=1)
+        if not await self.tenants.admit(spec):
+            raise Overloaded(retry_after=1)
 
     async def cancel(self, job_id: str) -> None:
-        """Flag first (a queued job is dropped when read), then tell the owning worker."""
+        """Flag first (a queued job is dropped when read), tell the owning worker, and end the job
+        at once if it is still queued."""
         pipe = self.redis.pipeline(transaction=False)
         pipe.hset(self.keys.job(job_id), RecordField.CANCEL, time.time())
         pipe.publish(self.keys.control_channel, job_id)
         await pipe.execute()
+        await self.end_queued(job_id, JobStatus.CANCELLED)
+
+    async def end_queued(self, job_id: str, status: JobStatus) -> bool:
+        """Ends a job that no worker has started (cancelled or expired); False if it had started."""
+        result = JobResult(status=status, finish_reason=status.value)
+        event = JobEvent(index=0, final=True, result=result).model_dump_json(exclude_none=True)
+        ended = await self._end_queued(
+            keys=[self.keys.job(job_id), self.keys.events(job_id)],
+            args=[RecordField.STATUS.value, status.value,
+                  RecordField.RESULT.value, result.model_dump_json(exclude_none=True),
+                  RecordField.FINISHED_AT.value, time.time(), event, self.settings.result_ttl,
+                  self.settings.event_stream_maxlen, self.keys.channel(job_id), event_entry_id(0)],
+        )
+        return bool(ended)
 
     async def record(self, job_id: str) -> dict[str, str]:
         return await self.redis.hgetall(self.keys.job(job_id))

@@ -38,7 +38,9 @@ class Relay:
         self.keys = keys
         self._pubsub = redis.pubsub()
         self._listeners: dict[str, set[_Listener]] = {}
-        self._confirmed: dict[str, asyncio.Event] = {}
+        self._subscribed: dict[str, asyncio.Event] = {}  # channel → set once the server confirmed
+        self._lock = asyncio.Lock()  # orders (un)subscribe commands on the one connection
+        self._background: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -55,6 +57,8 @@ class Relay:
             self._task.cancel()
             with suppress(asyncio.CancelledError):
                 await self._task
+        for task in list(self._background):
+            task.cancel()
         await self._pubsub.aclose()
 
     async def _read(self) -> None:
@@ -63,8 +67,8 @@ class Relay:
             if message is None:
                 continue
             channel = message["channel"]
-            if message["type"] == "subscribe" and channel in self._confirmed:
-                self._confirmed[channel].set()
+            if message["type"] == "subscribe" and channel in self._subscribed:
+                self._subscribed[channel].set()
             if message["type"] != "message":
                 continue
             try:
@@ -78,42 +82,63 @@ class Relay:
                 except asyncio.QueueFull:
                     listener.overflowed = True
 
-    async def _subscribe(self, channel: str, listener: _Listener) -> None:
-        listeners = self._listeners.setdefault(channel, set())
-        listeners.add(listener)
-        if channel not in self._confirmed:
-            self._confirmed[channel] = asyncio.Event()
-            await self._pubsub.subscribe(channel)
-        await asyncio.wait_for(self._confirmed[channel].wait(), timeout=10)
+    async def _sync(self, channel: str) -> None:
+        """Subscribes or unsubscribes the channel as its listeners now need; serialized, and decided
+        when it runs, so an unsubscribe left running in the background never undoes a newer subscribe."""
+        async with self._lock:
+            wanted = bool(self._listeners.get(channel))
+            if wanted and channel not in self._subscribed:
+                self._subscribed[channel] = asyncio.Event()
+                await self._pubsub.subscribe(channel)
+            elif not wanted and channel in self._subscribed:
+                del self._subscribed[channel]
+                await self._pubsub.unsubscribe(channel)
 
-    async def _unsubscribe(self, channel: str, listener: _Listener) -> None:
+    async def _subscribe(self, channel: str, listener: _Listener) -> None:
+        self._listeners.setdefault(channel, set()).add(listener)
+        await self._sync(channel)
+        confirmed = self._subscribed.get(channel)
+        if confirmed is not None:
+            await asyncio.wait_for(confirmed.wait(), timeout=10)
+
+    def _unsubscribe(self, channel: str, listener: _Listener) -> None:
+        """Never awaits: it runs when a client's task is being cancelled."""
         listeners = self._listeners.get(channel)
         if listeners is None:
             return
         listeners.discard(listener)
         if not listeners:
             del self._listeners[channel]
-            self._confirmed.pop(channel, None)
-            await self._pubsub.unsubscribe(channel)
+            task = asyncio.get_running_loop().create_task(self._sync(channel))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
-    async def backlog(self, job_id: str, after: int) -> list[JobEvent]:
-        """Events of the durable stream with index > after."""
+    async def backlog(self, job_id: str, after: int) -> tuple[list[JobEvent], bool]:
+        """Events of the durable stream with index > after, and whether the job's final event is at
+        or before `after` (a client that has seen the end)."""
         entries = await self.redis.xrange(self.keys.events(job_id))
         events = [JobEvent.model_validate_json(fields["e"]) for _id, fields in entries]
-        return [e for e in events if e.index > after]
+        ended = any(e.final and e.index <= after for e in events)
+        return [e for e in events if e.index > after], ended
 
     async def events(self, job_id: str, after: int = -1) -> AsyncIterator[JobEvent | None]:
-        """Yields the job's events with index > after, ending with the final one.
+        """Yields the job's events with index > after, ending with the final one (at once if the
+        client saw the final event already).
 
         Yields None when nothing arrived for KEEPALIVE_S (time for an SSE keep-alive comment).
         """
         channel = self.keys.channel(job_id)
         listener = _Listener()
-        await self._subscribe(channel, listener)
         last = after
         try:
+            await self._subscribe(channel, listener)
             while True:
-                for event in await self.backlog(job_id, last):
+                backlog, ended = await self.backlog(job_id, last)
+                if ended:
+                    return
+                for event in backlog:
+                    if event.index <= last:  # a duplicate final event
+                        continue
                     last = event.index
                     yield event
                     if event.final:
@@ -127,12 +152,14 @@ class Relay:
                         continue
                     if event.index <= last:  # already sent from the backlog
                         continue
+                    if event.index > last + 1:  # a gap: missed live events, read them from the stream
+                        break
                     last = event.index
                     yield event
                     if event.final:
                         return
-                # Overflowed: drop the buffer and catch up from the durable stream.
+                # Overflowed or a gap: drop the buffer and catch up from the durable stream.
                 while not listener.queue.empty():
                     listener.queue.get_nowait()
         finally:
-            await self._unsubscribe(channel, listener)
+            self._unsubscribe(channel, listener)

@@ -1,20 +1,37 @@
-"""What every route needs: settings, tokenizer, job store and relay of this api process."""
+"""What every route needs: settings, tokenizer, job store and relay of this api process; and the
+two ways a sync or streaming request waits on its job."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import Literal, overload
+from dataclasses import dataclass, field
 
 from fastapi import Request
 
 from api.chat_template import ChatTemplate
+from api.errors import ApiError, GenerationError
 from api.jobs import JobStore
 from api.relay import Relay
 from api.tokenizer import PromptTokenizer
 from schemas.job import JobEvent
 from schemas.settings import Settings
+
+
+class ClientGone(ApiError):
+    """The client of a sync request disconnected; its job has been cancelled. (Nobody reads the
+    answer: 499 is nginx's "client closed request", for the access log.)"""
+
+    status_code = 499
+    error_type = "cancelled"
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client goes away (the body has been read: the next message is the end)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
 
 
 @dataclass
@@ -25,24 +42,21 @@ class Service:
     relay: Relay
     model_id: str
     chat_template: ChatTemplate | None = None
+    _background: set[asyncio.Task[None]] = field(default_factory=set)
 
-    @overload
-    def follow(self, job_id: str, request: Request) -> AsyncIterator[JobEvent]: ...
-    @overload
-    def follow(
-        self, job_id: str, request: Request, keepalive: Literal[True]
-    ) -> AsyncIterator[JobEvent | None]: ...
+    def cancel_soon(self, job_id: str) -> None:
+        """Cancels the job without awaiting: safe from a task that is itself being cancelled."""
+        task = asyncio.get_running_loop().create_task(self.jobs.cancel(job_id))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
-    async def follow(  # type: ignore[misc]
-        self, job_id: str, request: Request, keepalive: bool = False
-    ) -> AsyncIterator[JobEvent | None]:
-        """The job's events until its final one. If the client goes away first (the task is
-        cancelled), the job is cancelled: a sync or streaming request has no one left to serve."""
+    async def follow(self, job_id: str) -> AsyncIterator[JobEvent | None]:
+        """The job's events until its final one, with None for keep-alive pauses. If the consumer
+        stops first (its client went away), the job is cancelled: a sync or streaming request has no
+        one left to serve. (Async jobs are followed through the relay directly.)"""
         finished = False
         try:
             async for event in self.relay.events(job_id):
-                if event is None and not keepalive:
-                    continue
                 if event is not None and event.final:
                     finished = True
                 yield event
@@ -50,4 +64,26 @@ class Service:
                     return
         finally:
             if not finished:
-                await asyncio.shield(self.jobs.cancel(job_id))
+                self.cancel_soon(job_id)
+
+    async def collect(self, job_id: str, request: Request) -> list[JobEvent]:
+        """Every event of the job, for a non-streaming answer. If the client disconnects first, the
+        job is cancelled (its KV freed within a step) and ClientGone is raised."""
+
+        async def gather() -> list[JobEvent]:
+            return [e async for e in self.follow(job_id) if e is not None]
+
+        collecting = asyncio.create_task(gather())
+        watching = asyncio.create_task(_disconnected(request))
+        try:
+            done, _ = await asyncio.wait({collecting, watching}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watching.cancel()
+            if not collecting.done():
+                collecting.cancel()  # follow() cancels the job
+        if collecting not in done:
+            raise ClientGone(f"the client of job {job_id} went away: the job was cancelled")
+        events = collecting.result()
+        if not events or not events[-1].final:
+            raise GenerationError("the event stream ended before the job did")
+        return events

@@ -1,4 +1,7 @@
-"""Request → JobSpec: the limits that need the tokenizer or the settings (pydantic checks ranges)."""
+"""Request → JobSpec: the limits that need the tokenizer or the settings (pydantic checks ranges).
+
+Every error names the field (in the dialect's own words) and the limit.
+"""
 
 from __future__ import annotations
 
@@ -8,53 +11,82 @@ from api.chat_template import ChatTemplate, ChatTemplateError
 from api.errors import ValidationError
 from api.jobs import new_job_id
 from api.tokenizer import PromptTokenizer
-from schemas.job import JobSpec, SamplingSpec, StoppingSpec
+from schemas.job import JobKind, JobSpec, SamplingSpec, StoppingSpec
 from schemas.settings import Settings
 from schemas.tgi import GenerateParameters
 
 
-def check_prompt_length(settings: Settings, n: int) -> None:
+def check_prompt_length(settings: Settings, n: int, field: str = "inputs") -> None:
     if n > settings.max_input_tokens:
         raise ValidationError(
-            f"`inputs` must have less than {settings.max_input_tokens} tokens. Given: {n}"
+            f"`{field}` must have less than {settings.max_input_tokens} tokens. Given: {n}",
+            param=field, code="context_length_exceeded",
         )
 
 
-def resolve_max_new_tokens(settings: Settings, input_length: int, requested: int | None) -> int:
+def resolve_max_new_tokens(settings: Settings, input_length: int, requested: int | None,
+                           field: str = "max_new_tokens", prompt_field: str = "inputs",
+                           default: int | None = None) -> int:
     room = settings.max_total_tokens - input_length
     if requested is None:
-        return max(1, min(settings.default_max_new_tokens, room))
+        return max(1, min(default or settings.default_max_new_tokens, room))
     if input_length + requested > settings.max_total_tokens:
         raise ValidationError(
-            f"`inputs` tokens + `max_new_tokens` must be <= {settings.max_total_tokens}. "
-            f"Given: {input_length} `inputs` tokens and {requested} `max_new_tokens`"
+            f"`{prompt_field}` tokens + `{field}` must be <= {settings.max_total_tokens}. "
+            f"Given: {input_length} `{prompt_field}` tokens and {requested} `{field}`",
+            param=field,
         )
     return requested
 
 
-def check_common(settings: Settings, p: GenerateParameters) -> None:
+def check_stop(settings: Settings, stop: list[str]) -> None:
+    if len(stop) > settings.max_stop_sequences:
+        raise ValidationError(
+            f"`stop` supports up to {settings.max_stop_sequences} stop sequences. Given: {len(stop)}",
+            param="stop",
+        )
+
+
+def check_top_n(settings: Settings, n: int | None, field: str = "top_n_tokens") -> None:
+    if n is not None and n > settings.max_top_n_tokens:
+        raise ValidationError(f"`{field}` must be <= {settings.max_top_n_tokens}. Given: {n}", param=field)
+
+
+def unsupported(field: str, advice: str) -> ValidationError:
+    return ValidationError(f"`{field}` is not supported by this server: {advice}", param=field)
+
+
+def check_tgi(settings: Settings, p: GenerateParameters) -> None:
     if p.best_of is not None and p.best_of > settings.max_best_of:
         raise ValidationError(
-            f"`best_of` must be <= {settings.max_best_of} (best_of > 1 is not supported). Given: {p.best_of}"
+            f"`best_of` must be <= {settings.max_best_of} (best_of > 1 is not supported). Given: {p.best_of}",
+            param="best_of",
         )
     if p.watermark:
-        raise ValidationError("`watermark` is not supported by this server: send watermark=false")
+        raise unsupported("watermark", "send watermark=false")
     if p.grammar is not None:
-        raise ValidationError("`grammar` is not supported by this server: remove the field")
+        raise unsupported("grammar", "remove the field")
     if p.adapter_id is not None:
-        raise ValidationError("`adapter_id` is not supported by this server: remove the field")
+        raise unsupported("adapter_id", "remove the field")
     if p.decoder_input_details:
+        raise unsupported("decoder_input_details", "prompt logprobs are not computed; send false")
+    if p.truncate is not None and p.truncate > settings.max_input_tokens:
         raise ValidationError(
-            "`decoder_input_details` (prompt logprobs) is not supported by this server: send false"
+            f"`truncate` must be strictly positive and less than {settings.max_input_tokens}. "
+            f"Given: {p.truncate}", param="truncate",
         )
-    if len(p.stop) > settings.max_stop_sequences:
-        raise ValidationError(
-            f"`stop` supports up to {settings.max_stop_sequences} stop sequences. Given: {len(p.stop)}"
-        )
-    if p.top_n_tokens is not None and p.top_n_tokens > settings.max_top_n_tokens:
-        raise ValidationError(
-            f"`top_n_tokens` must be <= {settings.max_top_n_tokens}. Given: {p.top_n_tokens}"
-        )
+    check_stop(settings, p.stop)
+    check_top_n(settings, p.top_n_tokens)
+
+
+def render_chat(template: ChatTemplate | None, messages: list[dict], field: str = "messages") -> str:
+    if template is None:
+        raise ValidationError(f"`{field}`: this model has no chat template; use /v1/completions or "
+                              "/generate with a raw prompt", param=field)
+    try:
+        return template.render(messages)
+    except ChatTemplateError as exc:
+        raise ValidationError(f"`{field}`: {exc}", param=field) from exc
 
 
 def tgi_prompt(settings: Settings, tokenizer: PromptTokenizer, template: ChatTemplate | None,
@@ -62,15 +94,18 @@ def tgi_prompt(settings: Settings, tokenizer: PromptTokenizer, template: ChatTem
     """What the model sees for TGI `inputs`: see the `generate_prompt_format` setting."""
     if settings.generate_prompt_format == "raw" or template is None or tokenizer.has_special_tokens(inputs):
         return inputs
-    try:
-        return template.render([{"role": "user", "content": inputs}])
-    except ChatTemplateError as exc:
-        raise ValidationError(f"inputs: {exc}") from exc
+    return render_chat(template, [{"role": "user", "content": inputs}], "inputs")
+
+
+def new_spec(prompt_ids: list[int], sampling: SamplingSpec, stopping: StoppingSpec, tenant: str,
+             kind: JobKind) -> JobSpec:
+    return JobSpec(id=new_job_id(), tenant=tenant, created_at=time.time(), prompt_ids=prompt_ids,
+                   sampling=sampling, stopping=stopping, kind=kind)
 
 
 def tgi_job(settings: Settings, tokenizer: PromptTokenizer, template: ChatTemplate | None, inputs: str,
             p: GenerateParameters, tenant: str = "default") -> JobSpec:
-    check_common(settings, p)
+    check_tgi(settings, p)
     prompt_ids = tokenizer.encode(tgi_prompt(settings, tokenizer, template, inputs))
     if p.truncate is not None and len(prompt_ids) > p.truncate:
         prompt_ids = prompt_ids[-p.truncate :]  # TGI keeps the end of the prompt
@@ -88,11 +123,5 @@ def tgi_job(settings: Settings, tokenizer: PromptTokenizer, template: ChatTempla
         seed=p.seed,
         top_n_tokens=p.top_n_tokens or 0,
     )
-    return JobSpec(
-        id=new_job_id(),
-        tenant=tenant,
-        created_at=time.time(),
-        prompt_ids=prompt_ids,
-        sampling=sampling,
-        stopping=StoppingSpec(max_new_tokens=max_new_tokens, stop=p.stop),
-    )
+    return new_spec(prompt_ids, sampling, StoppingSpec(max_new_tokens=max_new_tokens, stop=p.stop), tenant,
+                    "generate")

@@ -114,9 +114,36 @@ class GenerateResponse(BaseModel):
 
 
 ErrorType = Literal["validation", "overloaded", "generation", "incomplete_generation", "unauthorized",
-                    "not_found", "internal"]
+                    "not_found", "unavailable", "internal"]
 
 
 class ErrorResponse(BaseModel):
     error: str
     error_type: ErrorType
+
+
+class Info(BaseModel):
+    """`GET /info`, TGI's shape."""
+
+    model_id: str
+    model_sha: str | None = None
+    model_dtype: str
+    model_device_type: str
+    model_pipeline_tag: str | None = "text-generation"
+    max_concurrent_requests: int
+    max_best_of: int
+    max_stop_sequences: int
+    max_input_tokens: int
+    max_total_tokens: int
+    max_top_n_tokens: int
+    max_batch_prefill_tokens: int
+    max_batch_total_tokens: int | None = None
+    max_batch_size: int | None = None
+    max_waiting_tokens: int
+    waiting_served_ratio: float
+    validation_workers: int = 1
+    max_client_batch_size: int = 1
+    router: str = "conveyor"
+    version: str
+    sha: str | None = None
+    docker_label: str | None = None

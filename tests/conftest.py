@@ -103,6 +103,28 @@ def default_model_dir() -> Path:
     return resolve_model(None).path
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) -> Path:
+    """A 2-layer random Llama with the default model's tokenizer: the whole engine path, fast."""
+    import shutil
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    path = tmp_path_factory.mktemp("tiny-llama")
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=49152, max_position_embeddings=4096)
+    LlamaForCausalLM(config).save_pretrained(path)
+    for name in TOKENIZER_FILES:
+        if (default_model_dir / name).exists():
+            shutil.copy(default_model_dir / name, path / name)
+    return path
+
+
 @pytest.fixture(scope="session")
 def service(tmp_path_factory: pytest.TempPathFactory, redis_server: EmbeddedRedis,
             default_model_dir: Path) -> Iterator[RunningService]:

@@ -74,7 +74,7 @@ def test_invalid_json_is_400_and_service_keeps_serving(service) -> None:  # type
                    headers={"Content-Type": "application/json"}, timeout=30)
     assert r.status_code == 400, r.text
     assert r.json()["error_type"] == "validation"
-    ok = httpx.post(service.base_url + "/generate", json={"inputs": "Hi", "parameters": {"max_new_tokens": 2}},
-                    timeout=120)
+    body = {"inputs": "Hi", "parameters": {"max_new_tokens": 2}}
+    ok = httpx.post(service.base_url + "/generate", json=body, timeout=120)
     assert ok.status_code == 200, ok.text
     assert httpx.get(service.base_url + "/health").status_code == 200

@@ -1,0 +1,199 @@
+"""Async jobs (`/v1/jobs`): submit and get 202, poll, follow the events (resumable), cancel, list.
+
+An async job is not tied to any connection: pollers and event readers come and go freely.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Depends, Header, Query, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from api.auth import tenant
+from api.errors import NotFound, ValidationError
+from api.openai import ERRORS
+from api.openai_validation import chat_job, completion_job
+from api.service import Service
+from api.tgi import SSE_HEADERS, sse
+from api.validation import tgi_job
+from schemas.job import JobResult, JobSpec, JobStatus, RecordField
+from schemas.jobs_api import (
+    ChatJob,
+    CompletionJob,
+    GenerateJob,
+    JobAccepted,
+    JobList,
+    JobRequest,
+    JobUrls,
+    JobView,
+)
+from schemas.openai import OpenAIErrorResponse
+
+router = APIRouter(prefix="/v1/jobs", tags=["Async jobs"])
+
+NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    404: {"model": OpenAIErrorResponse, "description": "No such job for this tenant"}}
+CANCEL_WAIT_S = 2.0  # DELETE waits this long for a running job to reach its terminal state
+
+
+def urls(job_id: str) -> JobUrls:
+    return JobUrls(self=f"/v1/jobs/{job_id}", events=f"/v1/jobs/{job_id}/events", cancel=f"/v1/jobs/{job_id}")
+
+
+def _spec(service: Service, body: GenerateJob | ChatJob | CompletionJob, tenant: str) -> JobSpec:
+    s = service
+    if isinstance(body, ChatJob):
+        spec = chat_job(s.settings, s.tokenizer, s.chat_template, body, tenant)
+    elif isinstance(body, CompletionJob):
+        spec = completion_job(s.settings, s.tokenizer, body, tenant)
+    else:
+        spec = tgi_job(s.settings, s.tokenizer, s.chat_template, body.inputs, body.parameters, tenant)
+    deadline = body.deadline_epoch(spec.created_at)
+    if deadline is not None and deadline <= spec.created_at:
+        raise ValidationError(f"`deadline` must be in the future (given {deadline:.0f}, now "
+                              f"{spec.created_at:.0f})", param="deadline")
+    return spec.model_copy(update={"priority": body.priority, "deadline": deadline, "webhook": body.webhook})
+
+
+def _check_idempotency_key(key: str | None) -> None:
+    if key is not None and not (0 < len(key) <= 255 and key.isprintable() and " " not in key):
+        raise ValidationError("`Idempotency-Key` must be 1-255 printable characters without spaces",
+                              param="Idempotency-Key")
+
+
+@router.post("", status_code=202, response_model=JobAccepted, responses={
+    **ERRORS, 202: {"description": "Accepted (or, with a known Idempotency-Key, the earlier job: "
+                                   "header Idempotent-Replayed: true)"}})
+async def submit(
+    body: Annotated[JobRequest, Body(description="A TGI generate, OpenAI chat or completion body, with "
+                                                 "optional webhook, priority, deadline or ttl.")],
+    request: Request,
+    tenant: str = Depends(tenant),
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
+) -> JSONResponse:
+    """Submit a job; answers 202 at once with its id and URLs."""
+    service: Service = request.app.state.service
+    _check_idempotency_key(idempotency_key)
+    spec = _spec(service, body, tenant)
+    fingerprint = hashlib.sha256(body.model_dump_json().encode()).hexdigest()[:32]
+    submitted = await service.jobs.submit(spec, idempotency_key, fingerprint)
+    status = JobStatus.QUEUED
+    if submitted.replayed:
+        record = await service.jobs.record(submitted.job_id)
+        status = JobStatus(record.get(RecordField.STATUS, JobStatus.QUEUED.value))
+    accepted = JobAccepted(id=submitted.job_id, status=status, urls=urls(submitted.job_id))
+    headers = {"Location": accepted.urls.self}
+    if submitted.replayed:
+        headers["Idempotent-Replayed"] = "true"
+    return JSONResponse(accepted.model_dump(mode="json"), status_code=202, headers=headers)
+
+
+async def _record(service: Service, job_id: str, tenant: str) -> dict[str, str]:
+    """The job's record; 404 when it does not exist or belongs to another tenant."""
+    record = await service.jobs.record(job_id)
+    if not record or record.get(RecordField.TENANT) != tenant:
+        raise NotFound(f"no job {job_id!r}", param="id")
+    return record
+
+
+def view(job_id: str, record: dict[str, str]) -> JobView:
+    spec = JobSpec.model_validate_json(record[RecordField.SPEC])
+
+    def number(field: RecordField) -> float | None:
+        value = record.get(field)
+        return float(value) if value else None
+
+    result = record.get(RecordField.RESULT)
+    return JobView(
+        id=job_id, kind=spec.kind, status=JobStatus(record[RecordField.STATUS]),
+        created_at=spec.created_at, started_at=number(RecordField.STARTED_AT),
+        first_token_at=number(RecordField.FIRST_TOKEN_AT), finished_at=number(RecordField.FINISHED_AT),
+        cancel_requested=RecordField.CANCEL in record, priority=spec.priority, deadline=spec.deadline,
+        webhook=spec.webhook, result=JobResult.model_validate_json(result) if result else None,
+        urls=urls(job_id),
+    )
+
+
+async def _current(service: Service, job_id: str, record: dict[str, str]) -> dict[str, str]:
+    """A queued job past its deadline is expired now rather than when a worker reads it."""
+    if record.get(RecordField.STATUS) == JobStatus.QUEUED.value:
+        deadline = JobSpec.model_validate_json(record[RecordField.SPEC]).deadline
+        if deadline is not None and deadline < time.time():
+            await service.jobs.end_queued(job_id, JobStatus.EXPIRED)
+            return await service.jobs.record(job_id)
+    return record
+
+
+@router.get("/{job_id}", response_model=JobView, responses={401: ERRORS[401], **NOT_FOUND})
+async def get_job(job_id: str, request: Request, tenant: str = Depends(tenant)) -> JobView:
+    """The job's status, timestamps (epoch seconds), and result once it has ended."""
+    service: Service = request.app.state.service
+    record = await _current(service, job_id, await _record(service, job_id, tenant))
+    return view(job_id, record)
+
+
+async def _events(service: Service, job_id: str, after: int) -> AsyncIterator[str]:
+    async for event in service.relay.events(job_id, after):
+        if event is None:
+            yield ": keep-alive\n\n"
+        else:
+            yield sse(event.model_dump_json(exclude_none=True), event.index)
+
+
+@router.get("/{job_id}/events", response_class=StreamingResponse, responses={
+    200: {"description": "Server-Sent Events: `id: <index>` and `data: <JobEvent>`, ending with the "
+          "event that has `final: true` (and the result).",
+          "content": {"text/event-stream": {"schema": {"$ref": "#/components/schemas/JobEvent"}}}},
+    401: ERRORS[401], 422: ERRORS[422], **NOT_FOUND})
+async def job_events(
+    job_id: str, request: Request, tenant: str = Depends(tenant),
+    last_event_id: Annotated[int | None, Header(alias="Last-Event-ID", ge=-1)] = None,
+) -> StreamingResponse:
+    """The job's events as SSE, from the start or after `Last-Event-ID`; works while the job runs and
+    after it has ended. Disconnecting does not cancel the job."""
+    service: Service = request.app.state.service
+    await _current(service, job_id, await _record(service, job_id, tenant))
+    after = -1 if last_event_id is None else last_event_id
+    return StreamingResponse(_events(service, job_id, after), media_type="text/event-stream",
+                             headers=SSE_HEADERS)
+
+
+@router.delete("/{job_id}", response_model=JobView, responses={
+    200: {"description": "The job's state after the cancel: `cancelled`, or the terminal state it had "
+          "reached already"},
+    202: {"model": JobView, "description": "Cancel requested; the job had not ended yet"},
+    401: ERRORS[401], **NOT_FOUND})
+async def cancel_job(job_id: str, request: Request, tenant: str = Depends(tenant)) -> JSONResponse:
+    """Cancel the job. A job that has ended keeps (and answers) its terminal state."""
+    service: Service = request.app.state.service
+    record = await _current(service, job_id, await _record(service, job_id, tenant))
+    if not JobStatus(record[RecordField.STATUS]).is_terminal:
+        await service.jobs.cancel(job_id)
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        while True:
+            record = await service.jobs.record(job_id)
+            if JobStatus(record[RecordField.STATUS]).is_terminal or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.05)
+    job = view(job_id, record)
+    return JSONResponse(job.model_dump(mode="json"), status_code=200 if job.status.is_terminal else 202)
+
+
+@router.get("", response_model=JobList, responses={401: ERRORS[401], 422: ERRORS[422]})
+async def list_jobs(
+    request: Request, tenant: str = Depends(tenant),
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    after: Annotated[str | None, Query(description="The last id of the previous page")] = None,
+) -> JobList:
+    """The caller's recent jobs, newest first, `limit` at a time."""
+    service: Service = request.app.state.service
+    ids, has_more = await service.jobs.tenants.page(tenant, limit, after)
+    records = await asyncio.gather(*(service.jobs.record(i) for i in ids))
+    data = [view(i, r) for i, r in zip(ids, records, strict=True) if r]  # skips expired jobs
+    return JobList(data=data, first_id=data[0].id if data else None, last_id=ids[-1] if ids else None,
+                   has_more=has_more)

@@ -1,0 +1,122 @@
+"""The api alone, no worker (jobs stay queued): idempotency, listing, cancel and expiry of queued jobs,
+webhooks, the per-tenant cap, readiness. Settings: per-tenant cap 3, max_input_tokens 1000."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+from redis import Redis
+
+from schemas.keys import Keys
+from tests.api.conftest import auth
+from tests.api.sse import events
+
+BODY = {"inputs": "Hello", "parameters": {"max_new_tokens": 5}}
+
+
+def post(service, body: dict, tenant: str, **headers: str) -> httpx.Response:  # type: ignore[no-untyped-def]
+    headers = {**auth(tenant), **headers}
+    return httpx.post(service.base_url + "/v1/jobs", json=body, headers=headers, timeout=30)
+
+
+def cancel(service, job_id: str, tenant: str) -> httpx.Response:  # type: ignore[no-untyped-def]
+    return httpx.delete(service.base_url + f"/v1/jobs/{job_id}", headers=auth(tenant), timeout=30)
+
+
+def test_idempotency_key_answers_the_same_job(queue_service) -> None:  # type: ignore[no-untyped-def]
+    first = post(queue_service, BODY, "alice", **{"Idempotency-Key": "order-17"})
+    again = post(queue_service, BODY, "alice", **{"Idempotency-Key": "order-17"})
+    assert first.status_code == again.status_code == 202, again.text
+    assert again.json()["id"] == first.json()["id"]
+    assert again.headers["idempotent-replayed"] == "true" and "idempotent-replayed" not in first.headers
+    other_tenant = post(queue_service, BODY, "bob", **{"Idempotency-Key": "order-17"})
+    assert other_tenant.json()["id"] != first.json()["id"]
+    changed = post(queue_service, {**BODY, "inputs": "Other"}, "alice", **{"Idempotency-Key": "order-17"})
+    assert changed.status_code == 422 and changed.json()["error"]["param"] == "Idempotency-Key"
+    for job in (first, other_tenant):
+        cancel(queue_service, job.json()["id"], "alice" if job is first else "bob")
+
+
+def test_cancel_a_queued_job_ends_it_at_once(queue_service) -> None:  # type: ignore[no-untyped-def]
+    job_id = post(queue_service, BODY, "alice").json()["id"]
+    r = cancel(queue_service, job_id, "alice")
+    assert r.status_code == 200 and r.json()["status"] == "cancelled"
+    with httpx.stream("GET", queue_service.base_url + f"/v1/jobs/{job_id}/events", headers=auth("alice"),
+                      timeout=30) as stream:
+        [(index, final)] = list(events(stream))
+    assert index == 0 and final["final"] and final["result"]["status"] == "cancelled"
+
+
+def test_queued_job_past_its_ttl_is_expired(queue_service) -> None:  # type: ignore[no-untyped-def]
+    job_id = post(queue_service, {**BODY, "ttl": 0.2}, "alice").json()["id"]
+    deadline = time.monotonic() + 5
+    while (job := httpx.get(queue_service.base_url + f"/v1/jobs/{job_id}", headers=auth("alice")).json())[
+            "status"] == "queued":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert job["status"] == "expired" and job["deadline"] <= job["finished_at"]
+
+
+def test_webhook_priority_and_deadline_are_stored(queue_service) -> None:  # type: ignore[no-untyped-def]
+    hook = {"url": "https://backend.example/hooks/conveyor", "events": ["started", "completed"]}
+    body = {**BODY, "webhook": hook, "priority": 7, "deadline": "2999-01-01T00:00:00Z"}
+    job_id = post(queue_service, body, "alice").json()["id"]
+    job = httpx.get(queue_service.base_url + f"/v1/jobs/{job_id}", headers=auth("alice")).json()
+    assert job["webhook"] == hook and job["priority"] == 7 and job["deadline"] == 32472144000.0
+    keys = Keys(queue_service.env["CONVEYOR_KEY_PREFIX"])
+    with Redis.from_url(queue_service.redis_url, decode_responses=True) as redis:
+        spec = redis.hget(keys.job(job_id), "spec")
+    assert '"webhook":{"url":"https://backend.example/hooks/conveyor"' in spec
+    cancel(queue_service, job_id, "alice")
+
+
+def test_list_is_paginated_newest_first_and_per_tenant(queue_service) -> None:  # type: ignore[no-untyped-def]
+    ids = [post(queue_service, BODY, "carol").json()["id"] for _ in range(3)]
+    for job_id in ids:
+        cancel(queue_service, job_id, "carol")
+    ids += [post(queue_service, BODY, "carol").json()["id"] for _ in range(2)]
+    seen, after = [], None
+    while True:
+        params = {"limit": 2, **({"after": after} if after else {})}
+        page = httpx.get(queue_service.base_url + "/v1/jobs", params=params, headers=auth("carol")).json()
+        seen += [j["id"] for j in page["data"]]
+        if not page["has_more"]:
+            break
+        after = page["last_id"]
+    assert seen == ids[::-1]
+    assert all(j["id"] not in ids for j in httpx.get(queue_service.base_url + "/v1/jobs",
+                                                    headers=auth("dave")).json()["data"])
+    for job_id in ids[3:]:
+        cancel(queue_service, job_id, "carol")
+
+
+def test_per_tenant_cap_is_429_with_retry_after(queue_service) -> None:  # type: ignore[no-untyped-def]
+    ids = [post(queue_service, BODY, "dave").json()["id"] for _ in range(3)]
+    over = httpx.post(queue_service.base_url + "/generate", json=BODY, headers=auth("dave"), timeout=30)
+    assert over.status_code == 429
+    assert over.json() == {"error": "Model is overloaded", "error_type": "overloaded"}
+    assert int(over.headers["retry-after"]) >= 1
+    over = post(queue_service, BODY, "dave")
+    assert over.status_code == 429 and over.json()["error"]["code"] == "overloaded"
+    assert post(queue_service, BODY, "erin").status_code == 202  # another tenant is not held back
+    assert httpx.get(queue_service.base_url + "/health").status_code == 200
+    cancel(queue_service, ids[0], "dave")
+    accepted = post(queue_service, BODY, "dave")  # a cancelled job no longer counts
+    assert accepted.status_code == 202
+    for job_id in [*ids[1:], accepted.json()["id"]]:
+        cancel(queue_service, job_id, "dave")
+
+
+def test_ready_needs_a_worker_heartbeat(queue_service) -> None:  # type: ignore[no-untyped-def]
+    r = httpx.get(queue_service.base_url + "/ready")
+    assert r.status_code == 503 and r.json()["reason"] == "no worker heartbeat"
+    keys = Keys(queue_service.env["CONVEYOR_KEY_PREFIX"])
+    with Redis.from_url(queue_service.redis_url, decode_responses=True) as redis:
+        redis.set(keys.worker("w-test"), "{}", px=60_000)
+        try:
+            r = httpx.get(queue_service.base_url + "/ready")
+            assert r.status_code == 200 and r.json() == {"status": "ready", "redis": True, "workers": 1,
+                                                         "reason": None}
+        finally:
+            redis.delete(keys.worker("w-test"))
