@@ -81,6 +81,8 @@ class KVCache:
         return f"{self.num_blocks} blocks = {self.num_tokens} tokens ({self.bytes / _GIB:.2f} GiB)"
 
 
-def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+def bytes_per_block(
+    num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+) -> int:
     element = torch.empty((), dtype=dtype).element_size()
     return 2 * num_layers * block_size * num_kv_heads * head_dim * element

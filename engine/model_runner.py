@@ -40,6 +40,13 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 class ModelRunner:
+    """A Llama-family model, its KV cache and its attention backend on one device.
+
+    `ModelRunner(hf_model, config)` takes an instantiated transformers model (its weights are copied,
+    q/k/v and gate/up fused); `from_pretrained(path, config)` loads a local HF directory. Exposes
+    `num_blocks`, `block_size`, `vocab_size`, `max_model_len`, `device`, `dtype`.
+    """
+
     def __init__(self, hf_model: nn.Module, config: EngineConfig) -> None:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
@@ -50,6 +57,7 @@ class ModelRunner:
             self.model = Llama(hf_model, self.device, self.dtype)
         m = self.model
         self.vocab_size = m.vocab_size
+        self.max_model_len = m.max_positions  # positions the model was trained for
         per_block = bytes_per_block(m.num_layers, self.block_size, m.num_kv_heads, m.head_dim, self.dtype)
         self.num_blocks = plan_num_blocks(config, per_block, self.device)
         geometry = AttentionGeometry(
@@ -63,17 +71,25 @@ class ModelRunner:
         )
         self.attention = select_attention(geometry)
         self.cache = KVCache(
-            m.num_layers, self.num_blocks, self.block_size, self.attention.cache_shape(), self.dtype, self.device
+            m.num_layers,
+            self.num_blocks,
+            self.block_size,
+            self.attention.cache_shape(),
+            self.dtype,
+            self.device,
         )
         self.graphs = None
-        if self.attention.name == "flash-attn" and m.graph_safe:
+        if self.device.type == "cuda" and self.attention.name == "flash-attn" and m.graph_safe:
             from engine.attention.cuda import DecodeGraphs
 
             with torch.inference_mode():
                 self.graphs = DecodeGraphs(self._forward, geometry, config.max_batch_size, m.max_positions)
         logger.info(
             "model runner: %s %s, attention %s, KV cache %s, CUDA graphs %s",
-            self.device, self.dtype, self.attention.name, self.kv_cache_summary(),
+            self.device,
+            self.dtype,
+            self.attention.name,
+            self.kv_cache_summary(),
             "on" if self.graphs is not None else "off",
         )
 
@@ -97,7 +113,11 @@ class ModelRunner:
         if not chunks:
             return torch.empty(0, self.vocab_size, dtype=torch.float32, device=self.device)
         bs = self.block_size
-        order = [c for c in chunks if c.length == 1] + [c for c in chunks if c.length != 1]
+        # Decode rows first, sorted by the number of KV blocks they read: the torch backend batches
+        # only rows of equal width (so that no row's rounding depends on its neighbours), and
+        # sorting makes those groups as large as they can be.
+        decode = sorted((c for c in chunks if c.length == 1), key=lambda c: c.start // bs)
+        order = decode + [c for c in chunks if c.length != 1]
         ids: list[int] = []
         positions: list[int] = []
         slot_parts: list[torch.Tensor] = []
@@ -114,7 +134,9 @@ class ModelRunner:
                 positions += range(c.start, end)
                 blocks = torch.tensor(table[c.start // bs : (end - 1) // bs + 1], dtype=torch.long)
                 first = c.start % bs
-                slot_parts.append((blocks[:, None] * bs + torch.arange(bs)).view(-1)[first : first + c.length])
+                slot_parts.append(
+                    (blocks[:, None] * bs + torch.arange(bs)).view(-1)[first : first + c.length]
+                )
             last_row[id(c)] = len(ids) - 1
         slots = torch.cat([torch.tensor(decode_slots, dtype=torch.long), *slot_parts]).to(self.device)
         num_decode = len(decode_slots)

@@ -5,9 +5,10 @@ A block of all heads is one contiguous piece (12 KiB for SmolLM2 at block_size 1
 sequence's blocks streams memory in large pieces, and the gathered [rows, context, kv_heads,
 head_dim] is read by SDPA through strides, with no further copy.
 
-Decode rows (one query each) are done a group at a time: each row's queries become
-[kv_heads, group, head_dim], a "sequence" of `group` queries per KV head, so grouped-query attention
-needs no repeated K/V. Prefill chunks go one by one through SDPA.
+Decode rows (one query each) go through SDPA a group at a time, a group being rows that read the
+same number of blocks: each row's queries become [kv_heads, heads // kv_heads, head_dim], a short
+"sequence" of queries per KV head, so grouped-query attention needs no repeated K/V. Prefill chunks go one
+by one through SDPA.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class _Prefill:
 @dataclass(slots=True)
 class _DecodeGroup:
     rows: tuple[int, int]
-    blocks: torch.Tensor  # [rows * width] block ids, padded with the scratch block
+    blocks: torch.Tensor  # [rows * width] block ids
     context: torch.Tensor  # [rows] context length of each row
     width: int  # blocks per row
 
@@ -70,23 +71,24 @@ class TorchAttention:
     def prepare(self, batch: AttentionBatch) -> TorchMeta:
         bs, device = self.g.block_size, self.g.device
         decode: list[_DecodeGroup] = []
-        for lo in range(0, batch.num_decode, _DECODE_GROUP):
-            hi = min(lo + _DECODE_GROUP, batch.num_decode)
-            contexts = batch.context_lens[lo:hi]
-            width = -(-max(contexts) // bs)
-            ids: list[int] = []
-            for table, ctx in zip(batch.block_tables[lo:hi], contexts, strict=True):
-                used = -(-ctx // bs)
-                ids += table[:used]
-                ids += [self.g.scratch_block] * (width - used)
+        widths = [-(-ctx // bs) for ctx in batch.context_lens[: batch.num_decode]]
+        lo = 0
+        while lo < batch.num_decode:
+            # A group holds rows of one width only (the runner sorts rows by width, so groups stay
+            # large): a row's attention never depends on its neighbours and never reads padding.
+            width, hi = widths[lo], lo + 1
+            while hi < min(lo + _DECODE_GROUP, batch.num_decode) and widths[hi] == width:
+                hi += 1
+            ids = [block for table in batch.block_tables[lo:hi] for block in table[:width]]
             decode.append(
                 _DecodeGroup(
                     rows=(lo, hi),
                     blocks=torch.tensor(ids, dtype=torch.long, device=device),
-                    context=torch.tensor(contexts, dtype=torch.long, device=device),
+                    context=torch.tensor(batch.context_lens[lo:hi], dtype=torch.long, device=device),
                     width=width,
                 )
             )
+            lo = hi
         prefills: list[_Prefill] = []
         row = batch.num_decode
         for i in range(batch.num_decode, len(batch.query_lens)):

@@ -121,10 +121,14 @@ class DecodeGraphs:
     the cache's scratch block only, so they never touch a sequence's KV.
     """
 
-    def __init__(self, forward: Forward, geometry: AttentionGeometry, max_batch: int, max_context: int) -> None:
+    def __init__(
+        self, forward: Forward, geometry: AttentionGeometry, max_batch: int, max_context: int
+    ) -> None:
         g = geometry
         device = g.device
-        self.sizes = sorted({s for s in (1, 2, 4, 8, *range(16, max_batch + 1, 16)) if s <= max_batch} | {max_batch})
+        self.sizes = sorted(
+            {s for s in (1, 2, 4, 8, *range(16, max_batch + 1, 16)) if s <= max_batch} | {max_batch}
+        )
         top, width = self.sizes[-1], -(-max_context // g.block_size)
         self.scratch_block, self.scratch_slot = g.scratch_block, g.scratch_block * g.block_size
         self.ids = torch.zeros(top, dtype=torch.long, device=device)

@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import random
+import sys
+import types
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
-from transformers import Qwen2Config, Qwen2ForCausalLM
+import torch.nn.functional as F
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 from engine import kv_cache
 from engine.batch import ScheduledChunk
@@ -65,7 +74,9 @@ def _reference(hf: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
     return hf(torch.tensor([tokens])).logits[0, -1].float()
 
 
-def _drive(runner: ModelRunner, hf: torch.nn.Module, plans: list[tuple[int, int, int, int]], seed: int = 0) -> int:
+def _drive(
+    runner: ModelRunner, hf: torch.nn.Module, plans: list[tuple[int, int, int, int]], seed: int = 0
+) -> int:
     """Runs sequences through steps and checks every sampled row against the reference.
 
     A plan is (prompt length, prefill chunk size, first step, tokens to generate). Each step, every
@@ -149,6 +160,33 @@ def test_mistral_sliding_window() -> None:
     _drive(runner, hf, [(13, 4, 0, 6), (3, 64, 0, 9), (8, 64, 2, 3)])
 
 
+def _trace(runner: ModelRunner, prompt_lens: list[int], steps: int) -> list[torch.Tensor]:
+    """Greedy steps of every sequence at once (whole prompts, then decodes); the first one's logits."""
+    rng = random.Random(3)
+    alloc = Allocator(runner, 3)
+    seqs = [Sequence(f"r{i}", _prompt(n, rng)) for i, n in enumerate(prompt_lens)]
+    first = []
+    for _ in range(steps):
+        chunks = [ScheduledChunk(s, s.num_computed_tokens, s.num_uncomputed) for s in seqs]
+        for c in chunks:
+            alloc.cover(c.seq, c.start + c.length)
+        logits = runner.execute(chunks[::-1]).flip(0)  # the first sequence last in the call
+        for c, row in zip(chunks, logits, strict=True):
+            c.seq.num_computed_tokens += c.length
+            c.seq.append_token(int(row.argmax()))
+        first.append(logits[0].clone())
+    return first
+
+
+def test_logits_do_not_depend_on_the_batch(llama: LlamaForCausalLM) -> None:
+    # fp32 on CPU: the same sequence gets bitwise the same logits whatever runs beside it
+    # (different row counts, neighbours with longer contexts in the same attention call).
+    alone = _trace(_runner(llama), [11], 5)
+    for others in ([3], [20, 5], [7] * 20, [2, 40, 9, 9, 1]):
+        together = _trace(_runner(llama), [11, *others], 5)
+        assert all(torch.equal(a, b) for a, b in zip(alone, together, strict=True)), others
+
+
 def test_sampling_rows_only(llama: LlamaForCausalLM) -> None:
     runner = _runner(llama)
     rng = random.Random(2)
@@ -198,3 +236,50 @@ def test_unsupported_model_type_is_rejected() -> None:
     hf = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=64, n_positions=32))
     with pytest.raises(ValueError, match="not supported"):
         _runner(hf)
+
+
+def _fake_flash_attn() -> types.ModuleType:
+    """flash-attn's paged API as documented (causal aligned bottom-right, window counted left of the
+    query), in plain torch: checks how the CUDA backend calls it, without a GPU."""
+
+    def attend(q, k_cache, v_cache, table, n_k, scale, window):  # q: [n_q, heads, hd]
+        keys = k_cache[table].flatten(0, 1)[:n_k].transpose(0, 1)
+        values = v_cache[table].flatten(0, 1)[:n_k].transpose(0, 1)
+        qpos = torch.arange(n_k - q.shape[0], n_k)[:, None]
+        kpos = torch.arange(n_k)[None, :]
+        mask = (kpos <= qpos) & ((kpos >= qpos - window[0]) if window[0] >= 0 else True)
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1), keys, values, attn_mask=mask, scale=scale, enable_gqa=True
+        )
+        return out.transpose(0, 1)
+
+    def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+               window_size, block_table):  # fmt: skip
+        cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+        rows = [
+            (slice(cu_q[i], cu_q[i + 1]), block_table[i], cu_k[i + 1] - cu_k[i]) for i in range(len(cu_q) - 1)
+        ]
+        return torch.cat([attend(q[s], k, v, t, n, softmax_scale, window_size) for s, t, n in rows])
+
+    def with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, causal, window_size):
+        rows = [(q[i], block_table[i], int(n)) for i, n in enumerate(cache_seqlens)]
+        return torch.stack(
+            [attend(x, k_cache, v_cache, t, n, softmax_scale, window_size) for x, t, n in rows]
+        )
+
+    module = types.ModuleType("flash_attn")
+    module.flash_attn_varlen_func = varlen  # type: ignore[attr-defined]
+    module.flash_attn_with_kvcache = with_kvcache  # type: ignore[attr-defined]
+    return module
+
+
+def test_cuda_backend_calls_flash_attn_as_documented(monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine import model_runner
+    from engine.attention.cuda import FlashAttention
+
+    monkeypatch.setitem(sys.modules, "flash_attn", _fake_flash_attn())
+    monkeypatch.setattr(model_runner, "select_attention", FlashAttention)
+    hf = _model(MistralForCausalLM, MistralConfig, sliding_window=6)
+    runner = _runner(hf)
+    assert runner.attention.name == "flash-attn" and runner.graphs is None  # graphs: CUDA only
+    _drive(runner, hf, [(13, 5, 0, 5), (3, 64, 0, 8), (1, 64, 2, 3)])
