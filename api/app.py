@@ -10,7 +10,6 @@ from pathlib import Path
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException
@@ -21,6 +20,7 @@ from api.chat_template import ChatTemplate
 from api.errors import ApiError, MalformedRequest, ValidationError, from_status, render
 from api.jobs import JobStore
 from api.limits import BodyLimit
+from api.metrics import ApiMetrics, RequestMetrics
 from api.openapi import openapi_schema
 from api.relay import Relay
 from api.service import Service
@@ -29,6 +29,11 @@ from schemas.keys import Keys
 from schemas.service import Ready
 from schemas.settings import Settings
 from schemas.tgi import Info
+from telemetry import prom
+from telemetry.tracing import Tracing
+from webhooks.enqueue import WebhookQueue
+from webhooks.signing import Secrets
+from webhooks.ssrf import Allow
 
 log = logging.getLogger(__name__)
 
@@ -74,13 +79,19 @@ def create_app(settings: Settings, model_dir: Path, model_id: str) -> FastAPI:
     if not settings.redis_url:
         raise ValueError("the api needs REDIS_URL (`conveyor serve` sets it for you)")
     auth = _auth(settings)
+    secrets = Secrets.from_settings(settings)  # a ValueError names the setting that is wrong
+    allow = Allow.parse(settings.webhook_allow)
+    metrics = ApiMetrics()
+    tracing = Tracing.from_settings(settings, "conveyor-api")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         redis = Redis.from_url(settings.redis_url, decode_responses=True)  # type: ignore[arg-type]
         keys = Keys(settings.key_prefix)
-        relay = Relay(redis, keys)
-        jobs = JobStore(redis, keys, settings)
+        relay = Relay(redis, keys, on_lag=metrics.relay_lag.observe)
+        metrics.sse_clients.set_function(lambda: relay.num_clients)
+        webhooks = WebhookQueue(settings.redis_url or "", keys, settings)
+        jobs = JobStore(redis, keys, settings, metrics, webhooks, tracing)
         await jobs.ensure_group()
         await relay.start()
         app.state.service = Service(
@@ -90,12 +101,17 @@ def create_app(settings: Settings, model_dir: Path, model_id: str) -> FastAPI:
             relay=relay,
             model_id=model_id,
             chat_template=ChatTemplate.from_model_dir(model_dir),
+            webhook_secrets=secrets,
+            webhook_allow=allow,
         )
         try:
             yield
         finally:
             await relay.stop()
             await redis.aclose()
+            webhooks.close()
+            if tracing is not None:
+                tracing.shutdown()
 
     app = FastAPI(
         title="Conveyor",
@@ -106,6 +122,7 @@ def create_app(settings: Settings, model_dir: Path, model_id: str) -> FastAPI:
     )
     app.state.auth = auth
     app.add_middleware(BodyLimit, limit=settings.payload_limit)
+    app.add_middleware(RequestMetrics, metrics=metrics, tracing=tracing)  # outermost: sees every answer
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -169,10 +186,14 @@ def create_app(settings: Settings, model_dir: Path, model_id: str) -> FastAPI:
         )
 
     @app.get("/metrics", tags=["Service"], response_class=Response,
-             responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text format"}})
-    async def metrics() -> Response:
-        """Prometheus metrics."""
-        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+             responses={200: {"content": {prom.CONTENT_TYPE: {}}, "description": "Prometheus text format"}})
+    async def metrics_route(request: Request) -> Response:
+        """Prometheus metrics of this api process (the workers serve their own: see the README)."""
+        depth = await request.app.state.service.jobs.queue_depth()
+        if depth is not None:
+            metrics.jobs.labels("queued").set(depth[0])
+            metrics.jobs.labels("running").set(depth[1])
+        return Response(prom.render(metrics.registry), media_type=prom.CONTENT_TYPE)
 
     app.openapi = lambda: openapi_schema(app)  # type: ignore[method-assign]
     return app

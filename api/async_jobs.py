@@ -21,7 +21,8 @@ from api.openai_validation import chat_job, completion_job
 from api.service import Service
 from api.tgi import SSE_HEADERS, sse
 from api.validation import tgi_job
-from schemas.job import JobResult, JobSpec, JobStatus, RecordField
+from api.webhooks import check_webhook
+from schemas.job import JobSpec, JobStatus, RecordField
 from schemas.jobs_api import (
     ChatJob,
     CompletionJob,
@@ -42,7 +43,7 @@ CANCEL_WAIT_S = 2.0  # DELETE waits this long for a running job to reach its ter
 
 
 def urls(job_id: str) -> JobUrls:
-    return JobUrls(self=f"/v1/jobs/{job_id}", events=f"/v1/jobs/{job_id}/events", cancel=f"/v1/jobs/{job_id}")
+    return JobUrls.of(job_id)
 
 
 def _spec(service: Service, body: GenerateJob | ChatJob | CompletionJob, tenant: str) -> JobSpec:
@@ -80,6 +81,8 @@ async def submit(
     service: Service = request.app.state.service
     _check_idempotency_key(idempotency_key)
     spec = _spec(service, body, tenant)
+    if spec.webhook is not None:
+        await check_webhook(spec.webhook, tenant, service.webhook_secrets, service.webhook_allow)
     fingerprint = hashlib.sha256(body.model_dump_json().encode()).hexdigest()[:32]
     submitted = await service.jobs.submit(spec, idempotency_key, fingerprint)
     status = JobStatus.QUEUED
@@ -102,21 +105,7 @@ async def _record(service: Service, job_id: str, tenant: str) -> dict[str, str]:
 
 
 def view(job_id: str, record: dict[str, str]) -> JobView:
-    spec = JobSpec.model_validate_json(record[RecordField.SPEC])
-
-    def number(field: RecordField) -> float | None:
-        value = record.get(field)
-        return float(value) if value else None
-
-    result = record.get(RecordField.RESULT)
-    return JobView(
-        id=job_id, kind=spec.kind, status=JobStatus(record[RecordField.STATUS]),
-        created_at=spec.created_at, started_at=number(RecordField.STARTED_AT),
-        first_token_at=number(RecordField.FIRST_TOKEN_AT), finished_at=number(RecordField.FINISHED_AT),
-        cancel_requested=RecordField.CANCEL in record, priority=spec.priority, deadline=spec.deadline,
-        webhook=spec.webhook, result=JobResult.model_validate_json(result) if result else None,
-        urls=urls(job_id),
-    )
+    return JobView.from_record(job_id, record)
 
 
 async def _current(service: Service, job_id: str, record: dict[str, str]) -> dict[str, str]:

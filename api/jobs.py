@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from contextlib import suppress
@@ -11,10 +12,15 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from api.errors import Overloaded, ValidationError
+from api.metrics import ApiMetrics
 from api.tenants import TenantIndex
 from schemas.job import JobEvent, JobResult, JobSpec, JobStatus, RecordField
 from schemas.keys import WORKER_GROUP, Keys, event_entry_id
 from schemas.settings import Settings
+from telemetry.tracing import Tracing
+from webhooks.enqueue import WebhookQueue
+
+log = logging.getLogger("api.jobs")
 
 # queued → a terminal state, by the api, for a job no worker holds yet (cancelled, expired). One
 # job's keys only (one hash slot): the record, its event stream; the final event is published too.
@@ -44,10 +50,14 @@ class Submitted:
 
 
 class JobStore:
-    def __init__(self, redis: Redis, keys: Keys, settings: Settings) -> None:
+    def __init__(self, redis: Redis, keys: Keys, settings: Settings, metrics: ApiMetrics | None = None,
+                 webhooks: WebhookQueue | None = None, tracing: Tracing | None = None) -> None:
         self.redis = redis
         self.keys = keys
         self.settings = settings
+        self.metrics = metrics
+        self.webhooks = webhooks  # for the jobs the api itself ends (in the queue)
+        self.tracing = tracing
         self.tenants = TenantIndex(redis, keys, settings)
         self._end_queued = redis.register_script(_END_QUEUED)
 
@@ -58,17 +68,22 @@ class JobStore:
 
     async def outstanding(self) -> int | None:
         """Jobs queued (not yet read by a worker) plus running (read, not acknowledged)."""
+        depth = await self.queue_depth()
+        return None if depth is None else sum(depth)
+
+    async def queue_depth(self) -> tuple[int, int] | None:
+        """(queued, running): entries not yet read by a worker, and read but not acknowledged."""
         try:
             groups = await self.redis.xinfo_groups(self.keys.jobs_stream)
         except ResponseError:  # no stream yet: nothing outstanding
-            return 0
+            return 0, 0
         for group in groups:
             if group["name"] == WORKER_GROUP:
                 lag = group.get("lag")
                 if lag is None:  # Redis < 7 does not report it
                     return None
-                return int(group["pending"]) + int(lag)
-        return 0
+                return int(lag), int(group["pending"])
+        return 0, 0
 
     async def submit(self, spec: JobSpec, idempotency_key: str | None = None,
                      fingerprint: str = "") -> Submitted:
@@ -87,6 +102,9 @@ class JobStore:
             if idem is not None:
                 await self.redis.delete(idem)
             raise
+        if self.tracing is not None:
+            self.tracing.tag(**{"conveyor.job_id": spec.id, "conveyor.tenant": spec.tenant})
+            spec = spec.model_copy(update={"traceparent": self.tracing.traceparent()})
         # Record first, then the stream entry: a worker never reads a job without its record. Not a
         # MULTI: the keys live in different slots on Redis Cluster.
         pipe = self.redis.pipeline(transaction=False)
@@ -103,6 +121,8 @@ class JobStore:
         pipe.xadd(self.keys.jobs_stream, {"id": spec.id, "spec": payload})
         self.tenants.add(pipe, spec)
         await pipe.execute()
+        log.info("job %s submitted (%s, %d prompt tokens)", spec.id, spec.kind, len(spec.prompt_ids),
+                 extra={"job_id": spec.id, "tenant": spec.tenant})
         return Submitted(spec.id)
 
     async def _replay(self, idem: str, fingerprint: str) -> str | None:
@@ -148,7 +168,24 @@ class JobStore:
                   RecordField.FINISHED_AT.value, time.time(), event, self.settings.result_ttl,
                   self.settings.event_stream_maxlen, self.keys.channel(job_id), event_entry_id(0)],
         )
+        if ended:
+            await self._ended_in_queue(job_id, status)
         return bool(ended)
+
+    async def _ended_in_queue(self, job_id: str, status: JobStatus) -> None:
+        """No worker will see this job run: its metrics and `completed` webhook are the api's."""
+        if self.metrics is not None:
+            self.metrics.ended_in_queue(status)
+        if self.webhooks is None:
+            return
+        raw = await self.redis.hget(self.keys.job(job_id), RecordField.SPEC)
+        spec = JobSpec.model_validate_json(raw) if raw else None
+        log.info("job %s %s in the queue", job_id, status.value,
+                 extra={"job_id": job_id, "tenant": spec.tenant if spec else None})
+        if spec is not None and spec.webhook is not None and "completed" in spec.webhook.events:
+            if self.metrics is not None:
+                self.metrics.webhooks.labels("completed").inc()
+            self.webhooks.notify(spec, "completed")
 
     async def record(self, job_id: str) -> dict[str, str]:
         return await self.redis.hgetall(self.keys.job(job_id))

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
 
@@ -33,9 +34,10 @@ class _Listener:
 
 
 class Relay:
-    def __init__(self, redis: Redis, keys: Keys) -> None:
+    def __init__(self, redis: Redis, keys: Keys, on_lag: Callable[[float], object] | None = None) -> None:
         self.redis = redis
         self.keys = keys
+        self.on_lag = on_lag  # seconds from the worker's publish to here, per live event
         self._pubsub = redis.pubsub()
         self._listeners: dict[str, set[_Listener]] = {}
         self._subscribed: dict[str, asyncio.Event] = {}  # channel → set once the server confirmed
@@ -76,6 +78,8 @@ class Relay:
             except ValueError:
                 log.warning("dropping a malformed event on %s", channel)
                 continue
+            if self.on_lag is not None and event.at is not None:
+                self.on_lag(max(0.0, time.time() - event.at))
             for listener in self._listeners.get(channel, ()):
                 try:
                     listener.queue.put_nowait(event)

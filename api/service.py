@@ -16,6 +16,8 @@ from api.relay import Relay
 from api.tokenizer import PromptTokenizer
 from schemas.job import JobEvent
 from schemas.settings import Settings
+from webhooks.signing import Secrets
+from webhooks.ssrf import Allow
 
 
 class ClientGone(ApiError):
@@ -42,6 +44,8 @@ class Service:
     relay: Relay
     model_id: str
     chat_template: ChatTemplate | None = None
+    webhook_secrets: Secrets = field(default_factory=Secrets)
+    webhook_allow: Allow = field(default_factory=Allow)
     _background: set[asyncio.Task[None]] = field(default_factory=set)
 
     def cancel_soon(self, job_id: str) -> None:

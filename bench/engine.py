@@ -161,7 +161,9 @@ def main() -> None:
         from transformers import AutoModelForCausalLM
 
         hf = AutoModelForCausalLM.from_pretrained(source.path, dtype=torch.float32).eval()
-    config = engine.runner.hf_config
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(source.path)
     f_prompt, f_gen = flops_per_token(config)
     for name in (["peer", "mixed"] if args.workload == "both" else [args.workload]):
         requests = workload(name, config.vocab_size)

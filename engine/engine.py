@@ -40,6 +40,19 @@ class EngineStats:
     steps: int
 
 
+@dataclass(slots=True, frozen=True)
+class StepInfo:
+    """The last step, for metrics: a step with any prefill chunk counts as a prefill step."""
+
+    prefill_tokens: int  # tokens of prefill chunks (prompts, resumed contexts)
+    rows: int  # sequences in the forward
+    seconds: float  # the whole step: schedule, forward, sample, detokenize
+
+    @property
+    def method(self) -> str:
+        return "prefill" if self.prefill_tokens else "decode"
+
+
 class Engine:
     def __init__(
         self,
@@ -64,6 +77,7 @@ class Engine:
         self._steps = 0
         # (chunks, step seconds, forward seconds) of recent steps: the engine's own overhead.
         self._timings: deque[tuple[int, float, float]] = deque(maxlen=100_000)
+        self.last_step: StepInfo | None = None  # the last step that ran a forward
 
     @classmethod
     def from_pretrained(cls, path: str | Path, config: EngineConfig | None = None) -> Engine:
@@ -136,6 +150,7 @@ class Engine:
         if output.is_empty:
             return events
         self._steps += 1
+        prefill_tokens = sum(c.length for c in output.chunks if c.length > 1 or c.seq.num_generated == 0)
         sampling_seqs = [chunk.seq for chunk in output.chunks if chunk.sample]
         forward_started = time.perf_counter()
         logits = self.runner.execute(output.chunks)
@@ -148,7 +163,9 @@ class Engine:
             ):
                 seq.append_token(token_id)
                 events.append(self._token_event(seq, token_id, logprob, top))
-        self._timings.append((len(output.chunks), time.perf_counter() - started, forward_s))
+        step_s = time.perf_counter() - started
+        self._timings.append((len(output.chunks), step_s, forward_s))
+        self.last_step = StepInfo(prefill_tokens, len(output.chunks), step_s)
         return events
 
     def _token_event(self, seq: Sequence, token_id: int, logprob: float, top: list[tuple[int, float]]) -> TokenEvent:

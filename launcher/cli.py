@@ -3,6 +3,7 @@
     conveyor serve              everything on this machine: embedded Redis, api, workers, webhooks
     conveyor api                the HTTP front end only (fleet deployments)
     conveyor worker             one engine worker (fleet deployments; start more to scale)
+    conveyor webhooks           one webhook delivery process (an RQ worker with its scheduler)
     conveyor model convert      convert the model once (GGUF → safetensors cache)
     conveyor model info         show the model's shape, vocabulary and EOS tokens
 
@@ -22,6 +23,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from schemas.settings import Settings
+from telemetry.logs import setup_logging
 
 log = logging.getLogger("conveyor")
 
@@ -59,15 +61,6 @@ def settings_from(args: argparse.Namespace) -> Settings:
         raise SystemExit(f"conveyor: invalid settings: {problems}") from None
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)-5s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-        stream=sys.stderr,
-    )
-
-
 def _cmd_model(args: argparse.Namespace) -> int:
     from engine.loader import ModelError, model_info, resolve_model
 
@@ -96,9 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     api = sub.add_parser("api", help="run the HTTP api only (needs REDIS_URL)")
     worker = sub.add_parser("worker", help="run one engine worker (needs REDIS_URL)")
     worker.add_argument("--worker-id", default=None, help="consumer name in the group (default: random)")
+    webhooks = sub.add_parser("webhooks", help="deliver webhooks: an RQ worker with its scheduler for "
+                                               "retries (needs REDIS_URL)")
     model = sub.add_parser("model", help="convert or describe the model")
     model.add_argument("model_command", choices=["convert", "info"])
-    for p in (serve, api, worker, model):
+    for p in (serve, api, worker, webhooks, model):
         add_settings_flags(p)
     return parser
 
@@ -106,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     settings = settings_from(args)
-    _setup_logging(settings.log_level)
+    setup_logging(settings.log_level, settings.log_format, args.command)
     for name in ("max_waiting_tokens", "waiting_served_ratio"):
         if getattr(settings, name) != Settings.model_fields[name].default:
             log.warning("--%s has no effect: Conveyor admits waiting requests at every step "
@@ -121,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
         from launcher.roles import run_api
 
         return run_api(settings)
+    if args.command == "webhooks":
+        from launcher.roles import run_webhooks
+
+        return run_webhooks(settings)
     from launcher.roles import run_worker
 
     return run_worker(settings, args.worker_id)

@@ -1,4 +1,4 @@
-"""One role per process: the api (uvicorn) or an engine worker."""
+"""One role per process: the api (uvicorn), an engine worker, or a webhook delivery process."""
 
 from __future__ import annotations
 
@@ -33,8 +33,9 @@ def run_api(settings: Settings) -> int:
         app = create_app(settings, source.path, settings.served_model_name or source.model_id)
     except ValueError as exc:  # e.g. an unreadable api_keys_file
         raise SystemExit(f"conveyor api: {exc}") from None
+    # log_config=None: uvicorn's lines go through our handler (human or JSON, like every other line).
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                timeout_graceful_shutdown=5)
+                timeout_graceful_shutdown=5, log_config=None)
     return 0
 
 
@@ -58,16 +59,27 @@ def run_worker(settings: Settings, worker_id: str | None) -> int:
     from redis.exceptions import ConnectionError as RedisConnectionError
 
     from engine.engine import Engine
-    from worker.service import Worker
+    from telemetry import prom
+    from telemetry.logs import bind
+    from telemetry.tracing import Tracing
+    from worker.service import Worker, new_worker_id
 
     if not settings.redis_url:
         raise SystemExit("conveyor worker: set REDIS_URL (or use `conveyor serve`, which starts Redis)")
+    worker_id = worker_id or new_worker_id()
+    bind(worker_id=worker_id)
     source = _model(settings)
     engine = Engine.from_pretrained(source.path, engine_config(settings))
+    tracing = Tracing.from_settings(settings, "conveyor-worker")
 
     async def main() -> None:
         redis = Redis.from_url(settings.redis_url, decode_responses=True)  # type: ignore[arg-type]
-        worker = Worker(settings, engine, redis, worker_id, settings.served_model_name or source.model_id)
+        worker = Worker(settings, engine, redis, worker_id, settings.served_model_name or source.model_id,
+                        tracing)
+        if settings.worker_metrics_port:
+            prom.serve(worker.metrics.registry, settings.host, settings.worker_metrics_port,
+                       "worker_metrics_port")
+            log.info("metrics on http://%s:%d/metrics", settings.host, settings.worker_metrics_port)
         signals = 0
 
         def on_signal() -> None:
@@ -92,6 +104,42 @@ def run_worker(settings: Settings, worker_id: str | None) -> int:
                              "start it, or point REDIS_URL at a running one") from None
         finally:
             await redis.aclose()
+            if tracing is not None:
+                tracing.shutdown()
 
     asyncio.run(main())
+    return 0
+
+
+def run_webhooks(settings: Settings) -> int:
+    """An RQ worker on the webhook queue, with RQ's scheduler (it moves retries due back to the queue).
+    SimpleWorker: deliveries run in this process, one at a time (`conveyor serve` starts
+    `webhook_workers` of these), so their metrics live here too."""
+    from redis import Redis
+    from rq import Queue, SimpleWorker
+
+    from launcher.redis_server import _die_with_parent
+    from schemas.keys import Keys
+    from telemetry import prom
+    from webhooks.delivery import Deliverer, install
+    from webhooks.metrics import DeliveryMetrics
+
+    if not settings.redis_url:
+        raise SystemExit("conveyor webhooks: set REDIS_URL (or use `conveyor serve`, which starts Redis)")
+    metrics = DeliveryMetrics()
+    try:
+        deliverer = Deliverer(settings, Redis.from_url(settings.redis_url, decode_responses=True),
+                              metrics.attempt)
+    except ValueError as exc:  # a bad secret or allow-list entry
+        raise SystemExit(f"conveyor webhooks: {exc}") from None
+    install(deliverer)
+    os.register_at_fork(after_in_child=_die_with_parent)  # RQ's scheduler process must not outlive us
+    if settings.webhook_metrics_port:
+        prom.serve(metrics.registry, settings.host, settings.webhook_metrics_port, "webhook_metrics_port")
+    connection = Redis.from_url(settings.redis_url)
+    queue = Queue(Keys(settings.key_prefix).webhook_queue, connection=connection)
+    log.info("delivering webhooks from RQ queue %s (metrics port %s)", queue.name,
+             settings.webhook_metrics_port or "off")
+    SimpleWorker([queue], connection=connection).work(with_scheduler=True,
+                                                        logging_level=settings.log_level.upper())
     return 0

@@ -1,9 +1,10 @@
 """`conveyor serve`: the whole service on one machine, supervised.
 
 Order: model (converted once, with progress) → Redis (embedded unless REDIS_URL) → workers,
-webhook worker, api. Any child dying, Ctrl-C or SIGTERM stops them all (SIGTERM, then SIGKILL
-once the workers' drain timeout and a grace period have passed); the embedded Redis stops last,
-so nothing is orphaned.
+webhook processes (`conveyor webhooks`: RQ workers with the scheduler), api. Worker i serves its
+metrics on worker_metrics_port + i, webhook process i on webhook_metrics_port + i. Any child
+dying, Ctrl-C or SIGTERM stops them all (SIGTERM, then SIGKILL once the workers' drain timeout and
+a grace period have passed); the embedded Redis stops last, so nothing is orphaned.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from schemas.settings import Settings
 
 log = logging.getLogger("conveyor")
 
-WEBHOOK_QUEUE = "conveyor-webhooks"
 STOP_GRACE_S = 15.0  # beyond the workers' drain timeout: stopping the engine, handing jobs back
 
 
@@ -33,9 +33,9 @@ class Supervisor:
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         self.stopping = False
 
-    def spawn(self, name: str, argv: list[str]) -> None:
+    def spawn(self, name: str, argv: list[str], **env: str) -> None:
         log.info("starting %s", name)
-        self.children[name] = subprocess.Popen(argv, env=self.env, preexec_fn=_die_with_parent)
+        self.children[name] = subprocess.Popen(argv, env={**self.env, **env}, preexec_fn=_die_with_parent)
 
     def exited(self) -> str | None:
         for name, child in self.children.items():
@@ -74,6 +74,10 @@ def _wait_ready(url: str, supervisor: Supervisor, timeout: float = 600.0) -> boo
     return False
 
 
+def _port(base: int, i: int) -> str:
+    return str(base + i if base else 0)
+
+
 def serve(settings: Settings) -> int:
     from engine.loader import ModelError, resolve_model
 
@@ -104,16 +108,18 @@ def serve(settings: Settings) -> int:
     code = 0
     try:
         for i in range(settings.workers):
-            supervisor.spawn(f"worker-{i}", [*exe, "worker"])
-        rq = str(Path(sys.executable).parent / "rq")
-        supervisor.spawn("webhooks", [rq, "worker", "--url", settings.redis_url or "", "--quiet",
-                                      WEBHOOK_QUEUE])
+            supervisor.spawn(f"worker-{i}", [*exe, "worker"],
+                             CONVEYOR_WORKER_METRICS_PORT=_port(settings.worker_metrics_port, i))
+        for i in range(settings.webhook_workers):
+            supervisor.spawn(f"webhooks-{i}", [*exe, "webhooks"],
+                             CONVEYOR_WEBHOOK_METRICS_PORT=_port(settings.webhook_metrics_port, i))
         supervisor.spawn("api", [*exe, "api"])
         base = f"http://{settings.host}:{settings.port}"
         if _wait_ready(base + "/health", supervisor):
             print(f"\nConveyor is serving {settings.served_model_name} on {base}\n"
                   f"  try: curl -N -X POST {base}/generate_stream -H 'Content-Type: application/json' "
-                  "-d '{\"inputs\":\"What is the capital of France?\",\"parameters\":{\"max_new_tokens\":20}}'\n"
+                  "-d '{\"inputs\":\"What is the capital of France?\","
+                  "\"parameters\":{\"max_new_tokens\":20}}'\n"
                   "  Ctrl-C stops everything.\n", file=sys.stderr, flush=True)
         while not supervisor.stopping:
             problem = supervisor.exited()

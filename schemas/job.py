@@ -73,6 +73,7 @@ class JobSpec(BaseModel):
     deadline: float | None = None  # epoch seconds; a job still queued then ends `expired`
     kind: JobKind = "generate"  # the body it was submitted with (TGI generate, OpenAI chat/completion)
     webhook: Webhook | None = None
+    traceparent: str | None = None  # W3C trace context of the api's span, when tracing is on
 
 
 class EventToken(BaseModel):
@@ -119,6 +120,7 @@ class JobEvent(BaseModel):
     top_tokens: list[EventToken] = Field(default_factory=list)
     final: bool = False
     result: JobResult | None = None
+    at: float | None = None  # epoch seconds when the worker published it (the relay measures its lag)
 
 
 # Fields of the job record hash.
@@ -135,3 +137,36 @@ class RecordField(StrEnum):
     SEED = "seed"  # fixed by the first worker for sampled jobs without one, so a resume continues exactly
     RESULT = "result"
     CANCEL = "cancel"
+    WEBHOOK_STARTED = "webhook_started"  # WebhookDelivery JSON: the `started` webhook's attempts
+    WEBHOOK_COMPLETED = "webhook_completed"  # ... and the `completed` one's
+
+
+def webhook_field(event: WebhookEvent) -> RecordField:
+    return RecordField.WEBHOOK_STARTED if event == "started" else RecordField.WEBHOOK_COMPLETED
+
+
+def webhook_id(job_id: str, event: WebhookEvent) -> str:
+    """The `webhook-id` of a job's event: the same for every attempt, so a receiver can deduplicate."""
+    return f"msg_{job_id}_{event}"
+
+
+class WebhookAttempt(BaseModel):
+    attempt: int  # 1 = the first try
+    at: float  # epoch seconds
+    status_code: int | None = None  # the receiver's answer; None: no answer (see error)
+    error: str | None = None
+    duration_s: float = 0.0
+
+
+WebhookState = Literal["pending", "delivered", "retrying", "failed", "gone", "refused"]
+
+
+class WebhookDelivery(BaseModel):
+    """What became of one webhook (a job's event), kept in the job record while the record lives."""
+
+    id: str
+    event: WebhookEvent
+    url: str
+    state: WebhookState = "pending"
+    attempts: list[WebhookAttempt] = Field(default_factory=list)
+    next_attempt_at: float | None = None

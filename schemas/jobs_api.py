@@ -7,7 +7,16 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Discriminator, Field, Tag, ValidationInfo, field_validator
 
-from schemas.job import JobKind, JobResult, JobStatus, Webhook
+from schemas.job import (
+    JobKind,
+    JobResult,
+    JobSpec,
+    JobStatus,
+    RecordField,
+    Webhook,
+    WebhookDelivery,
+    webhook_field,
+)
 from schemas.openai import ChatCompletionRequest, CompletionRequest
 from schemas.tgi import GenerateRequest
 
@@ -73,6 +82,10 @@ class JobUrls(BaseModel):
     events: str
     cancel: str
 
+    @classmethod
+    def of(cls, job_id: str) -> JobUrls:
+        return cls(self=f"/v1/jobs/{job_id}", events=f"/v1/jobs/{job_id}/events", cancel=f"/v1/jobs/{job_id}")
+
 
 class JobAccepted(BaseModel):
     id: str
@@ -94,8 +107,31 @@ class JobView(BaseModel):
     priority: int = 0
     deadline: float | None = None
     webhook: Webhook | None = None
+    webhook_deliveries: list[WebhookDelivery] = Field(
+        default_factory=list, description="Each webhook's state and attempts (time, status code or error).")
     result: JobResult | None = None
     urls: JobUrls
+
+    @classmethod
+    def from_record(cls, job_id: str, record: dict[str, str]) -> JobView:
+        """The job as the api shows it (and as a webhook sends it), from its record hash."""
+        spec = JobSpec.model_validate_json(record[RecordField.SPEC])
+
+        def number(field: RecordField) -> float | None:
+            value = record.get(field)
+            return float(value) if value else None
+
+        result = record.get(RecordField.RESULT)
+        deliveries = [WebhookDelivery.model_validate_json(record[f]) for f in
+                      (webhook_field("started"), webhook_field("completed")) if record.get(f)]
+        return cls(
+            id=job_id, kind=spec.kind, status=JobStatus(record[RecordField.STATUS]),
+            created_at=spec.created_at, started_at=number(RecordField.STARTED_AT),
+            first_token_at=number(RecordField.FIRST_TOKEN_AT), finished_at=number(RecordField.FINISHED_AT),
+            cancel_requested=RecordField.CANCEL in record, priority=spec.priority, deadline=spec.deadline,
+            webhook=spec.webhook, webhook_deliveries=deliveries,
+            result=JobResult.model_validate_json(result) if result else None, urls=JobUrls.of(job_id),
+        )
 
 
 class JobList(BaseModel):

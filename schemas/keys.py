@@ -47,6 +47,11 @@ class Keys:
         """Pub/sub channel for cancel requests, read by every worker."""
         return f"{self.prefix}:control"
 
+    @property
+    def webhook_queue(self) -> str:
+        """Name of the RQ queue of webhook deliveries (RQ keeps its own keys: `rq:queue:NAME`, ...)."""
+        return f"{self.prefix}-webhooks"
+
     def job(self, job_id: str) -> str:
         """Hash: the job record (status, timestamps, request, result)."""
         return f"{self.prefix}:job:{{{job_id}}}"

@@ -46,10 +46,15 @@ class Settings(BaseSettings):
     model_cache_dir: Path | None = Field(
         default=None, description="Where GGUF models are converted once (default ~/.cache/conveyor/models)."
     )
-    host: str = Field(default="127.0.0.1", description="Address the api binds to.")
+    host: str = Field(default="127.0.0.1", description="Address the api (and metrics endpoints) bind to.")
     port: int = Field(default=8080, ge=0, le=65535, description="Port the api listens on.")
     workers: int = Field(default=1, ge=0, le=64, description="Engine workers `conveyor serve` starts.")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["human", "json"] = Field(
+        default="human",
+        description="human: one readable line per event for a terminal; json: one JSON object per line "
+        "(time, level, logger, message, role, worker_id, job_id, tenant) for a log pipeline.",
+    )
 
     generate_prompt_format: Literal["auto", "raw"] = Field(
         default="auto",
@@ -150,6 +155,55 @@ class Settings(BaseSettings):
         "ones); what is left is handed to other workers, which resume it. A second signal exits now.",
     )
 
+    # --- webhooks ---------------------------------------------------------------------------
+    webhook_secret: str | None = Field(
+        default=None,
+        description="The deployment's webhook signing secret (`whsec_` + base64), for tenants without "
+        "their own; with none for a tenant, its jobs cannot ask for webhooks (422).",
+    )
+    webhook_secrets: str | None = Field(
+        default=None, description="Per-tenant signing secrets as TENANT=whsec_... pairs, comma-separated."
+    )
+    webhook_secrets_file: Path | None = Field(
+        default=None,
+        description="JSON file {\"TENANT\": \"whsec_...\"}; read at start-up, with webhook_secrets.",
+    )
+    webhook_allow: str | None = Field(
+        default=None,
+        description="Webhook targets allowed although internal: CIDRs (127.0.0.0/8, 10.1.2.0/24) and host "
+        "names (hooks.internal, or .internal for every name under it), comma-separated. Without it, URLs "
+        "that resolve to loopback, private, link-local, metadata or other non-public addresses are refused.",
+    )
+    webhook_timeout: float = Field(default=10.0, gt=0, le=60, description="Seconds per delivery attempt.")
+    webhook_retry_schedule: str = Field(
+        default="10,40,160,640,2560",
+        description="Seconds before each retry (a failed attempt: network error, timeout, 429 or 5xx), "
+        "comma-separated; each waits a random 50-100 % of its value, or Retry-After if longer (capped at "
+        "the largest value). Default: 6 attempts over about an hour.",
+    )
+    webhook_workers: int = Field(
+        default=2, ge=1, le=16,
+        description="Webhook delivery processes `conveyor serve` starts (each delivers one at a time).",
+    )
+
+    # --- observability ----------------------------------------------------------------------
+    worker_metrics_port: int = Field(
+        default=9400, ge=0, le=65535,
+        description="Port of an engine worker's /metrics (`conveyor serve`: worker i gets port + i); "
+        "0: none.",
+    )
+    webhook_metrics_port: int = Field(
+        default=9300, ge=0, le=65535,
+        description="Port of a webhook process's /metrics (`conveyor serve`: process i gets port + i); "
+        "0: none.",
+    )
+    otlp_endpoint: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("CONVEYOR_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT",
+                                      "otlp_endpoint"),
+        description="OTLP/HTTP collector base URL (e.g. http://127.0.0.1:4318): traces on; unset: off.",
+    )
+
     @model_validator(mode="after")
     def _check_limits(self) -> Settings:
         if self.max_input_tokens >= self.max_total_tokens:
@@ -173,7 +227,20 @@ class Settings(BaseSettings):
                 f"host {self.host} is not a loopback address and no API keys are configured: set api_keys "
                 "or api_keys_file, or allow_unauthenticated=true to serve without authentication"
             )
+        self.webhook_retry_delays  # noqa: B018 - raises on a bad schedule
         return self
+
+    @property
+    def webhook_retry_delays(self) -> list[float]:
+        """The retry schedule: seconds before retry 1, 2, ...; its length bounds the attempts."""
+        try:
+            delays = [float(p) for p in self.webhook_retry_schedule.split(",") if p.strip()]
+        except ValueError:
+            delays = [-1.0]
+        if any(d < 0 for d in delays) or len(delays) > 20:
+            raise ValueError(f"webhook_retry_schedule {self.webhook_retry_schedule!r}: give up to 20 "
+                             "non-negative numbers of seconds, comma-separated, e.g. 10,40,160")
+        return delays
 
     @property
     def kv_cache_bytes(self) -> int | None:

@@ -43,6 +43,7 @@ class RunningService:
     env: dict[str, str]
     processes: dict[str, subprocess.Popen[bytes]]
     log_dir: Path
+    metrics_ports: dict[str, int]  # worker name → its /metrics port
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(self.log_dir.glob("*.log")))
@@ -61,12 +62,14 @@ def start_service(tmp: Path, redis_url: str, extra_env: dict[str, str] | None = 
         **(extra_env or {}),
     }
     processes: dict[str, subprocess.Popen[bytes]] = {}
+    metrics_ports = {f"worker{i}": free_port() for i in range(workers)}
     for name, role in [*((f"worker{i}", "worker") for i in range(workers)), ("api", "api")]:
         log = open(tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        own = {"CONVEYOR_WORKER_METRICS_PORT": str(metrics_ports[name])} if name in metrics_ports else {}
         processes[name] = subprocess.Popen(
-            [sys.executable, "-m", "launcher.cli", role], env=env, cwd=REPO, stdout=log, stderr=log
+            [sys.executable, "-m", "launcher.cli", role], env={**env, **own}, cwd=REPO, stdout=log, stderr=log
         )
-    service = RunningService(f"http://127.0.0.1:{port}", redis_url, env, processes, tmp)
+    service = RunningService(f"http://127.0.0.1:{port}", redis_url, env, processes, tmp, metrics_ports)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         for name, proc in processes.items():

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.engine import Engine, EngineStats
+from engine.engine import Engine, EngineStats, StepInfo
 from engine.events import TokenEvent
 from engine.params import SamplingParams, StoppingParams
 
@@ -52,8 +52,10 @@ class EngineThread:
         loop: asyncio.AbstractEventLoop,
         on_output: Callable[[StepOutput], Any],
         on_error: Callable[[BaseException], Any],
+        on_step: Callable[[StepInfo], Any] | None = None,
     ) -> None:
         self.engine = engine
+        self._on_step = on_step  # called on the engine thread after each forward: keep it cheap
         self._loop = loop
         self._on_output = on_output
         self.stats: EngineStats = engine.stats()  # as of the last step; read from any thread
@@ -127,7 +129,11 @@ class EngineThread:
                 if self._stopping:
                     break
                 if self.engine.has_unfinished():
+                    before = self.engine.last_step
                     out.events.extend(self.engine.step())
+                    step = self.engine.last_step
+                    if self._on_step is not None and step is not None and step is not before:
+                        self._on_step(step)
                 self.stats = self.engine.stats()
                 if out.events or out.rejected:
                     self._loop.call_soon_threadsafe(self._on_output, out)

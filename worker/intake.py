@@ -14,6 +14,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 from redis.asyncio import Redis
@@ -24,6 +25,9 @@ from schemas.keys import Keys
 from worker.engine_thread import AddCommand
 from worker.publisher import InFlight, Publisher
 from worker.scripts import Scripts
+
+if TYPE_CHECKING:
+    from worker.observe import Observer
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +92,9 @@ def parse(entry: Entry) -> JobSpec | str:
 
 class Intake:
     def __init__(self, redis: Redis, keys: Keys, scripts: Scripts, publisher: Publisher,
-                 worker_id: str, max_attempts: int) -> None:
+                 worker_id: str, max_attempts: int, observer: Observer | None = None) -> None:
         self.redis = redis
+        self.observer = observer
         self.keys = keys
         self.scripts = scripts
         self.publisher = publisher
@@ -203,7 +208,11 @@ class Intake:
                 # it. Publish it again (subscribers drop indices they have) so none sees a gap.
                 last = t.tokens[-1]
                 pipe.publish(self.keys.channel(t.job.job_id), last.model_dump_json(exclude_none=True))
-                log.info("resuming job %s at token %d (delivery %d)", t.job.job_id, len(t.tokens),
-                         t.entry.deliveries)
         if len(pipe):
             await pipe.execute()
+        for t, _command in starts:
+            if t.tokens:
+                log.info("resuming job %s at token %d (delivery %d)", t.job.job_id, len(t.tokens),
+                         t.entry.deliveries, extra={"job_id": t.job.job_id, "tenant": t.spec.tenant})
+            elif self.observer is not None and t.status is JobStatus.QUEUED:
+                self.observer.started(t.job, t.spec)

@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
 from engine.events import TokenEvent
 from engine.sequence import FinishReason
-from schemas.job import EventToken, JobEvent, JobResult, JobStatus, Timings, Usage
+from schemas.job import EventToken, JobEvent, JobResult, JobSpec, JobStatus, Timings, Usage
 from schemas.keys import DEAD_LETTER_MAXLEN, WORKER_GROUP, Keys, event_entry_id
 from worker.scripts import Scripts
+
+if TYPE_CHECKING:
+    from worker.observe import Observer
 
 _STATUS_BY_REASON = {
     FinishReason.EOS: JobStatus.SUCCEEDED,
@@ -41,6 +45,7 @@ class InFlight:
     started_at: float | None = None
     first_token_at: float | None = None
     cancel_requested: bool = False
+    spec: JobSpec | None = None  # tenant, webhook, trace context: for what its end sets off
 
     def timings(self, now: float) -> Timings:
         def since(t: float | None) -> float | None:
@@ -87,8 +92,9 @@ def to_job_event(event: TokenEvent) -> JobEvent:
 
 class Publisher:
     def __init__(self, redis: Redis, keys: Keys, worker_id: str, scripts: Scripts, result_ttl: int,
-                 event_stream_maxlen: int) -> None:
+                 event_stream_maxlen: int, observer: Observer | None = None) -> None:
         self.redis = redis
+        self.observer = observer
         self.keys = keys
         self.worker_id = worker_id
         self.scripts = scripts
@@ -99,6 +105,7 @@ class Publisher:
         """Writes one step's events in one pipeline, then acknowledges the jobs that ended."""
         now = time.time()
         for job, event in items:
+            event.at = round(now, 3)
             if event.token is not None:
                 job.tokens = max(job.tokens, event.index + 1)
                 if job.first_token_at is None:
@@ -112,6 +119,7 @@ class Publisher:
 
         results = await self.scripts.execute(build)
         out = Published()
+        finals: list[tuple[InFlight, JobResult]] = []
         for (job, event), result in zip(items, results, strict=True):
             if isinstance(result, Exception):
                 raise result
@@ -119,7 +127,12 @@ class Publisher:
                 out.lost.append(job)
             elif event.final:
                 out.ended.append(job)
+                if event.result is not None:
+                    finals.append((job, event.result))
         await self.ack([job.entry_id for job in out.ended])
+        if self.observer is not None:
+            for job, job_result in finals:
+                self.observer.ended(job, job_result)
         return out
 
     def _append(self, pipe: Pipeline, job_id: str, event: JobEvent, now: float) -> None:
@@ -151,3 +164,5 @@ class Publisher:
              "worker": self.worker_id, "at": time.time()},
             maxlen=DEAD_LETTER_MAXLEN, approximate=True,
         )
+        if self.observer is not None:
+            self.observer.dead_lettered()

@@ -30,10 +30,14 @@ from schemas.job import JobEvent, JobResult, JobStatus, RecordField
 from schemas.keys import WORKER_GROUP, Keys
 from schemas.settings import Settings
 from schemas.worker import EngineLoad, WorkerInfo
+from telemetry.tracing import Tracing
+from webhooks.enqueue import WebhookQueue
 from worker import faults
 from worker.engine_thread import EngineThread, StepOutput
 from worker.intake import Entry, Intake, parse
 from worker.lease import Lease
+from worker.metrics import WorkerMetrics
+from worker.observe import Observer
 from worker.publisher import InFlight, Publisher, to_job_event
 from worker.scripts import Scripts
 
@@ -43,6 +47,10 @@ READ_BLOCK_MS = 1000
 _REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
 
 
+def new_worker_id() -> str:
+    return f"worker-{random.getrandbits(32):08x}"
+
+
 async def ensure_group(redis: Redis, keys: Keys) -> None:
     with suppress(ResponseError):  # BUSYGROUP: it exists already
         await redis.xgroup_create(keys.jobs_stream, WORKER_GROUP, id="0", mkstream=True)
@@ -50,18 +58,21 @@ async def ensure_group(redis: Redis, keys: Keys) -> None:
 
 class Worker:
     def __init__(self, settings: Settings, engine: Engine, redis: Redis, worker_id: str | None = None,
-                 model_name: str = "") -> None:
+                 model_name: str = "", tracing: Tracing | None = None) -> None:
         self.settings = settings
         self.keys = Keys(settings.key_prefix)
         self.redis = redis
-        self.worker_id = worker_id or f"worker-{random.getrandbits(32):08x}"
+        self.worker_id = worker_id or new_worker_id()
         self.engine = engine
         self.model_name = model_name
         self.scripts = Scripts(redis)
+        self.metrics = WorkerMetrics(self._stats, lambda: len(self.inflight), engine.config.block_size)
+        self.webhooks = WebhookQueue(settings.redis_url, self.keys, settings) if settings.redis_url else None
+        self.observer = Observer(self.worker_id, self.metrics, self.webhooks, tracing)
         self.publisher = Publisher(redis, self.keys, self.worker_id, self.scripts, settings.result_ttl,
-                                   settings.event_stream_maxlen)
+                                   settings.event_stream_maxlen, self.observer)
         self.intake = Intake(redis, self.keys, self.scripts, self.publisher, self.worker_id,
-                             settings.max_attempts)
+                             settings.max_attempts, self.observer)
         self.lease = Lease(redis, self.keys, self.scripts, self.worker_id, settings.job_lease_ms)
         self.inflight: dict[str, InFlight] = {}
         self._outputs: asyncio.Queue[StepOutput] = asyncio.Queue()
@@ -89,7 +100,8 @@ class Worker:
         await ensure_group(self.redis, self.keys)
         await self.scripts.load()
         loop = asyncio.get_running_loop()
-        self._thread = EngineThread(self.engine, loop, self._outputs.put_nowait, self._fail)
+        self._thread = EngineThread(self.engine, loop, self._outputs.put_nowait, self._fail,
+                                    on_step=self.metrics.step)
         self._thread.start()
         await self.lease.beat(self.info())
         log.info("worker %s reading %s", self.worker_id, self.keys.jobs_stream)
@@ -112,6 +124,8 @@ class Worker:
                 task.cancel()
             await asyncio.gather(stop, read, *others, return_exceptions=True)
             await asyncio.to_thread(self.thread.stop)
+            if self.webhooks is not None:
+                await asyncio.to_thread(self.webhooks.close)
         if self._fatal is not None:
             # Its jobs stay pending: other workers resume them once the lease runs out.
             raise RuntimeError(f"worker {self.worker_id} failed") from self._fatal
@@ -184,7 +198,7 @@ class Worker:
                 continue
             if spec.id in self.inflight:  # our own entry, reclaimed while it runs here: keep running
                 continue
-            job = InFlight(spec.id, entry.entry_id, spec.created_at, entry.deliveries)
+            job = InFlight(spec.id, entry.entry_id, spec.created_at, entry.deliveries, spec=spec)
             self.inflight[spec.id] = job  # before taking it, so a cancel meanwhile is not missed
             jobs.append((job, spec, entry))
         if not jobs:
@@ -255,9 +269,12 @@ class Worker:
 
     # --- lease, heartbeat, cancel -----------------------------------------------------------
 
+    def _stats(self):  # type: ignore[no-untyped-def]
+        return self._thread.stats if self._thread is not None else self.engine.stats()
+
     def info(self) -> WorkerInfo:
         runner = self.engine.runner
-        stats = self._thread.stats if self._thread is not None else self.engine.stats()
+        stats = self._stats()
         return WorkerInfo(
             id=self.worker_id, pid=os.getpid(), host=socket.gethostname(), model=self.model_name,
             device=str(getattr(runner, "device", "cpu")),
@@ -281,6 +298,7 @@ class Worker:
             if not self._draining and (room := self.thread.capacity()) > 0:
                 entries = await self.lease.reclaim(room)
                 if entries:
+                    self.observer.reclaimed(len(entries))
                     await self._admit(entries)
             await asyncio.sleep(interval)
 

@@ -43,7 +43,7 @@ def test_serve_answers_then_stops_every_child(tmp_path, default_model_dir) -> No
         assert r.status_code == 200, r.text
         children = psutil.Process(proc.pid).children(recursive=True)
         names = " ".join(" ".join(c.cmdline()) for c in children)
-        assert "valkey-server" in names and " worker" in names and " api" in names and "rq" in names
+        assert "valkey-server" in names and " worker" in names and " api" in names and " webhooks" in names
         assert (tmp_path / "redis" / "appendonlydir").is_dir()  # AOF is on
     finally:
         proc.send_signal(signal.SIGTERM)

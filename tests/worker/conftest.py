@@ -167,6 +167,7 @@ async def fleet(redis, redis_server: EmbeddedRedis, tiny_model_dir: Path,  # typ
         "CONVEYOR_HEARTBEAT_INTERVAL_MS": str(HEARTBEAT_MS),
         "CONVEYOR_DRAIN_TIMEOUT": "10",
         "CONVEYOR_LOG_LEVEL": "info",
+        "CONVEYOR_WORKER_METRICS_PORT": "0",  # several workers on one host: no fixed port
         "OMP_NUM_THREADS": "1",  # two cores for everyone: workers must not fight over threads
     }
     settings = Settings(redis_url=redis_server.url, key_prefix=prefix, max_concurrent_requests=100_000)

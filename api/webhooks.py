@@ -1,0 +1,21 @@
+"""A job's webhook, checked at submission: the tenant has a secret to sign it with, and the URL does
+not lead inside our network (SSRF; the delivery checks again at each attempt)."""
+
+from __future__ import annotations
+
+from api.errors import ValidationError
+from schemas.job import Webhook
+from webhooks import ssrf
+from webhooks.signing import Secrets
+
+
+async def check_webhook(webhook: Webhook, tenant: str, secrets: Secrets, allow: ssrf.Allow) -> None:
+    if secrets.for_tenant(tenant) is None:
+        raise ValidationError(
+            "webhook: this server has no webhook secret for your tenant, so it could not sign your "
+            "webhooks; ask its operator to set webhook_secrets (or webhook_secret), or submit without one",
+            param="webhook")
+    url = webhook.url
+    refusal = await ssrf.check(url.host or "", url.port or (443 if url.scheme == "https" else 80), allow)
+    if refusal is not None:
+        raise ValidationError(f"webhook.url: {refusal.reason}", param="webhook.url")

@@ -1,0 +1,85 @@
+"""Prometheus exposition shared by the roles: one registry per process part, TGI's exact names.
+
+TGI exposes its counters without the `_total` suffix that prometheus_client adds (`tgi_request_count`,
+not `tgi_request_count_total`); dashboards and alerts written for TGI query those names, so `render`
+writes them as TGI does. `_created` series are off (TGI has none; they double the output).
+"""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.registry import Collector
+
+TGI_COUNTERS = ("tgi_request_count", "tgi_request_success", "tgi_request_failure")
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+disable_created_metrics()
+
+
+def new_registry() -> CollectorRegistry:
+    """A registry of its own (several workers may live in one test process), with the process's
+    CPU, memory and GC metrics."""
+    registry = CollectorRegistry()
+    for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+        registry.register(_Forward(collector))
+    return registry
+
+
+class _Forward(Collector):
+    """The default registry's process collectors, shown in another registry too."""
+
+    def __init__(self, inner: Collector) -> None:
+        self.inner = inner
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        return self.inner.collect()
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    text = generate_latest(registry).decode()
+    for name in TGI_COUNTERS:
+        text = text.replace(f"{name}_total", name)
+    return text.encode()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    registry: CollectorRegistry
+
+    def do_GET(self) -> None:  # noqa: N802
+        if self.path.split("?", 1)[0] not in ("/metrics", "/"):
+            self.send_error(404, "try /metrics")
+            return
+        body = render(self.registry)
+        self.send_response(200)
+        self.send_header("Content-Type", CONTENT_TYPE)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - scrapes are not news
+        return
+
+
+def serve(registry: CollectorRegistry, host: str, port: int, setting: str) -> ThreadingHTTPServer:
+    """`/metrics` on host:port from a daemon thread (a worker's or webhook process's own port)."""
+    handler = type("MetricsHandler", (_Handler,), {"registry": registry})
+    try:
+        server = ThreadingHTTPServer((host, port), handler)
+    except OSError as exc:
+        flag = "--" + setting.replace("_", "-")
+        raise SystemExit(f"conveyor: cannot serve /metrics on {host}:{port} ({exc}): give {flag} a free "
+                         "port, or 0 for no metrics endpoint") from None
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    return server
