@@ -80,7 +80,8 @@ def main() -> None:
     decode = [ScheduledChunk(s, 319, 1) for s in _sequences(runner, 64, 320, rng, free)]
     prefill = [ScheduledChunk(s, 0, 256) for s in _sequences(runner, 16, 256, rng, free)]
     print(f"SmolLM2-135M shapes, {params / 1e6:.1f}M parameters, {args.threads} threads")
-    print(f"KV cache {runner.kv_cache_summary()}, attention {runner.attention.name}")
+    kernel = " + C++ paged decode kernel" if getattr(runner.attention, "kernel", False) else ""
+    print(f"KV cache {runner.kv_cache_summary()}, attention {runner.attention.name}{kernel}")
     head = runner.vocab_size * SMOLLM2_135M["hidden_size"]
     for name, chunks in (("decode 64 x 1 (ctx 320)", decode), ("prefill 16 x 256", prefill)):
         tokens = sum(c.length for c in chunks)

@@ -9,6 +9,11 @@ Decode rows (one query each) go through SDPA a group at a time, a group being ro
 same number of blocks: each row's queries become [kv_heads, heads // kv_heads, head_dim], a short
 "sequence" of queries per KV head, so grouped-query attention needs no repeated K/V. Prefill chunks go one
 by one through SDPA.
+
+On CPU with fp32, decode rows instead go through the C++ kernel of cpu_kernel.py, which reads the
+blocks in place through the block tables: decode attention is memory-bound, and the gather reads and
+writes every K/V byte before SDPA reads it again. The gather path above stays as the fallback
+(CONVEYOR_CPU_ATTENTION=torch, or no compiler) and for other devices and dtypes.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from engine.attention import AttentionBatch, AttentionGeometry
+from engine.attention import AttentionBatch, AttentionGeometry, cpu_kernel
 
 # Decode rows per gather: the group's gathered K and V should still be in cache when SDPA reads
 # them, and the group should be large enough that per-call overhead stays small.
@@ -46,9 +51,18 @@ class _DecodeGroup:
 
 
 @dataclass(slots=True)
+class _PagedDecode:
+    """All decode rows, for the C++ kernel: int32 block tables padded to the widest row."""
+
+    tables: torch.Tensor  # [rows, max_blocks]
+    context: torch.Tensor  # [rows]
+
+
+@dataclass(slots=True)
 class TorchMeta:
     slots: torch.Tensor
     decode: list[_DecodeGroup]
+    paged: _PagedDecode | None
     prefills: list[_Prefill]
     # Masks, built by the first layer that needs one and reused by the others.
     masks: dict[tuple[int, int, int | None], torch.Tensor | None] = field(default_factory=dict)
@@ -63,6 +77,9 @@ class TorchAttention:
         # Gathers land in reused buffers: a fresh multi-MB tensor per layer costs page faults that
         # take longer than the copy itself.
         self._workspace = [torch.empty(0, dtype=geometry.dtype, device=geometry.device) for _ in range(2)]
+        # Built (or loaded from its cache) here, at startup, rather than inside the first step.
+        on_cpu = geometry.device.type == "cpu" and geometry.dtype == torch.float32
+        self.kernel = on_cpu and cpu_kernel.load() is not None
 
     def cache_shape(self) -> tuple[int, ...]:
         g = self.g
@@ -71,8 +88,9 @@ class TorchAttention:
     def prepare(self, batch: AttentionBatch) -> TorchMeta:
         bs, device = self.g.block_size, self.g.device
         decode: list[_DecodeGroup] = []
+        paged = self._paged(batch) if self.kernel and batch.num_decode else None
         widths = [-(-ctx // bs) for ctx in batch.context_lens[: batch.num_decode]]
-        lo = 0
+        lo = 0 if paged is None else batch.num_decode
         while lo < batch.num_decode:
             # A group holds rows of one width only (the runner sorts rows by width, so groups stay
             # large): a row's attention never depends on its neighbours and never reads padding.
@@ -99,7 +117,20 @@ class TorchAttention:
                 blocks = torch.tensor(batch.block_tables[i][: -(-ctx // bs)], dtype=torch.long, device=device)
             prefills.append(_Prefill(row=row, length=length, start=start, blocks=blocks))
             row += length
-        return TorchMeta(slots=batch.slots, decode=decode, prefills=prefills)
+        return TorchMeta(slots=batch.slots, decode=decode, paged=paged, prefills=prefills)
+
+    def _paged(self, batch: AttentionBatch) -> _PagedDecode:
+        n, bs = batch.num_decode, self.g.block_size
+        context = batch.context_lens[:n]
+        width = max(-(-ctx // bs) for ctx in context)
+        # Padding points at the scratch block; the kernel never reads past a row's context anyway.
+        tables = [
+            table[: -(-ctx // bs)] + [self.g.scratch_block] * (width - -(-ctx // bs))
+            for table, ctx in zip(batch.block_tables[:n], context, strict=True)
+        ]
+        return _PagedDecode(
+            tables=torch.tensor(tables, dtype=torch.int32), context=torch.tensor(context, dtype=torch.int32)
+        )
 
     def forward(
         self,
@@ -117,6 +148,12 @@ class TorchAttention:
         k_cache.view(-1, kv * hd).index_copy_(0, meta.slots, k.reshape(-1, kv * hd))
         v_cache.view(-1, kv * hd).index_copy_(0, meta.slots, v.reshape(-1, kv * hd))
         out = q.new_empty(q.shape)
+        if meta.paged is not None:
+            p = meta.paged
+            n = p.context.numel()
+            out[:n] = cpu_kernel.paged_decode(
+                q[:n].contiguous(), k_cache, v_cache, p.tables, p.context, self.g.scale, window
+            )
         for i, grp in enumerate(meta.decode):
             self._decode(q, k_cache, v_cache, grp, self._mask(meta, 0, i, window), out)
         for i, chunk in enumerate(meta.prefills):

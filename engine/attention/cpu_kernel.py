@@ -1,0 +1,99 @@
+"""The C++ paged decode-attention kernel (paged_decode.cpp), built on first use.
+
+torch's cpp_extension compiles it once into a cache directory ($TORCH_EXTENSIONS_DIR, else
+~/.cache/conveyor/torch_extensions) and later processes load the built module in well under a
+second. It is built with -march=native, so the directory is keyed by the CPU's feature flags: a
+cache shared between different machines never hands one a binary for the other's instructions.
+
+CONVEYOR_CPU_ATTENTION=torch turns it off. If it cannot be built (no C++ compiler, no Python
+headers) the engine logs a warning and keeps the torch attention path: slower, never broken.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import platform
+import time
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+_SOURCE = Path(__file__).with_name("paged_decode.cpp")
+ENV = "CONVEYOR_CPU_ATTENTION"
+
+
+def _cpu_tag() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        flags = next(line for line in lines if line.startswith("flags"))
+    except (OSError, StopIteration):
+        flags = platform.processor()
+    return hashlib.sha1(f"{platform.machine()} {flags}".encode()).hexdigest()[:10]
+
+
+def _build_dir() -> Path:
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "conveyor" / "torch_extensions"
+    version = torch.__version__.replace("+", "_")
+    path = Path(root) / f"paged_decode-{version}-{_cpu_tag()}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@functools.cache
+def load() -> ModuleType | None:
+    """The compiled module, or None when it is turned off or cannot be built (logged once)."""
+    choice = os.environ.get(ENV, "kernel").strip().lower()
+    if choice == "torch":
+        return None
+    if choice != "kernel":
+        logger.warning("%s=%r is not 'torch' or 'kernel'; using the kernel", ENV, choice)
+    from torch.utils import cpp_extension
+
+    build = _build_dir()
+    fresh = not any(build.glob("*.so"))
+    if fresh:
+        logger.info("compiling the CPU attention kernel (one time, ~1 min) into %s", build)
+    t0 = time.perf_counter()
+    try:
+        module = cpp_extension.load(
+            name="conveyor_paged_decode",
+            sources=[str(_SOURCE)],
+            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(build),
+            verbose=False,
+        )
+    except Exception as exc:  # noqa: BLE001 - any build failure must leave the torch path working
+        logger.warning(
+            "could not build the CPU attention kernel, using the slower torch attention (%s: %s). "
+            "Install a C++ compiler and the Python headers (e.g. apt-get install g++ python3-dev), "
+            "or set %s=torch to skip the attempt.",
+            type(exc).__name__,
+            str(exc).strip().splitlines()[-1] if str(exc).strip() else "",
+            ENV,
+        )
+        return None
+    if fresh:
+        logger.info("CPU attention kernel compiled in %.0f s", time.perf_counter() - t0)
+    return module
+
+
+def paged_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    tables: torch.Tensor,
+    context: torch.Tensor,
+    scale: float,
+    window: int | None,
+) -> torch.Tensor:
+    """[rows, heads, head_dim] attention of one query per row over its paged context."""
+    module = load()
+    assert module is not None, "paged_decode called without a built kernel"
+    return module.paged_decode(q, k_cache, v_cache, tables, context, scale, -1 if window is None else window)

@@ -1,0 +1,239 @@
+// Paged decode attention on CPU: one query token per row, K/V read in place through the block
+// table. The torch path gathers each row's blocks into a buffer first, so every K/V byte crosses
+// memory three times (read, write, read by SDPA); here it is read once.
+//
+// One task = one (row, KV head): its query heads (the GQA group) are scored together so each K/V
+// vector is loaded once for all of them. Softmax is streamed one cache block at a time (running
+// max, rescale of the accumulator when the max grows). Each (row, head) is computed by the same
+// code in the same order whatever the batch, so results are bitwise batch-invariant.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define CONVEYOR_AVX2 1
+#endif
+
+namespace {
+
+#ifdef CONVEYOR_AVX2
+// exp for 8 lanes (Cephes polynomial, ~2 ulp): scalar expf per score would cost as much as the
+// rest of the kernel. Inputs here are <= 0 (score - running max); below -87 the result flushes
+// to ~0, which is what the softmax needs.
+inline __m256 exp256(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+  x = _mm256_min_ps(x, _mm256_set1_ps(88.3f));
+  __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
+  fx = _mm256_floor_ps(fx);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#endif
+
+// Scores of `n` tokens of one block against the group's G queries: s[g * bs + t]. Four tokens at a
+// time: four independent FMA chains instead of one (latency, not bandwidth, would bound a single
+// chain), and one horizontal-add tree for the four sums.
+inline void score_block(const float* q, const float* k, int64_t stride, int64_t n, int64_t G,
+                        int64_t D, int64_t bs, float* s) {
+  int64_t t0 = 0;
+#ifdef CONVEYOR_AVX2
+  if (D % 8 == 0) {
+    for (int64_t g = 0; g < G; ++g) {
+      const float* qg = q + g * D;
+      int64_t t = 0;
+      for (; t + 4 <= n; t += 4) {
+        const float* kt = k + t * stride;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int64_t d = 0; d < D; d += 8) {
+          __m256 qv = _mm256_loadu_ps(qg + d);
+          a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kt + d), a0);
+          a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kt + stride + d), a1);
+          a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kt + 2 * stride + d), a2);
+          a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kt + 3 * stride + d), a3);
+        }
+        __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+        _mm_storeu_ps(s + g * bs + t, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+      }
+      for (; t < n; ++t) {
+        __m256 a = _mm256_setzero_ps();
+        for (int64_t d = 0; d < D; d += 8)
+          a = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d), _mm256_loadu_ps(k + t * stride + d), a);
+        s[g * bs + t] = hsum(a);
+      }
+    }
+    t0 = n;
+  }
+#endif
+  for (int64_t t = t0; t < n; ++t)
+    for (int64_t g = 0; g < G; ++g) {
+      float acc = 0.f;
+      for (int64_t d = 0; d < D; ++d) acc += q[g * D + d] * k[t * stride + d];
+      s[g * bs + t] = acc;
+    }
+}
+
+// p[t] = exp(p[t] - m) in place for t < n.
+inline void exp_shift(float* p, int64_t n, float m) {
+  int64_t t = 0;
+#ifdef CONVEYOR_AVX2
+  __m256 mv = _mm256_set1_ps(m);
+  for (; t + 8 <= n; t += 8) _mm256_storeu_ps(p + t, exp256(_mm256_sub_ps(_mm256_loadu_ps(p + t), mv)));
+  if (t < n) {  // tail through a padded copy: same code path for every lane, no scalar expf
+    float tmp[8] = {0};
+    std::copy(p + t, p + n, tmp);
+    _mm256_storeu_ps(tmp, exp256(_mm256_sub_ps(_mm256_loadu_ps(tmp), mv)));
+    std::copy(tmp, tmp + (n - t), p + t);
+    t = n;
+  }
+#endif
+  for (; t < n; ++t) p[t] = std::exp(p[t] - m);
+}
+
+// o[g] += sum_t p[g][t] * v[t] over the block's n tokens. Up to 64 floats of o[g] stay in registers
+// while t runs: eight independent chains, and o is loaded and stored once per block.
+inline void accumulate(float* o, const float* p, const float* v, int64_t stride, int64_t n, int64_t G,
+                       int64_t D, int64_t bs) {
+  for (int64_t g = 0; g < G; ++g) {
+    float* og = o + g * D;
+    const float* pg = p + g * bs;
+    int64_t d = 0;
+#ifdef CONVEYOR_AVX2
+    for (; d + 64 <= D; d += 64) {
+      __m256 acc[8];
+      for (int j = 0; j < 8; ++j) acc[j] = _mm256_loadu_ps(og + d + 8 * j);
+      for (int64_t t = 0; t < n; ++t) {
+        const __m256 pt = _mm256_set1_ps(pg[t]);
+        const float* vt = v + t * stride + d;
+        for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(vt + 8 * j), acc[j]);
+      }
+      for (int j = 0; j < 8; ++j) _mm256_storeu_ps(og + d + 8 * j, acc[j]);
+    }
+    for (; d + 8 <= D; d += 8) {
+      __m256 acc = _mm256_loadu_ps(og + d);
+      for (int64_t t = 0; t < n; ++t)
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(pg[t]), _mm256_loadu_ps(v + t * stride + d), acc);
+      _mm256_storeu_ps(og + d, acc);
+    }
+#endif
+    for (; d < D; ++d) {
+      float acc = og[d];
+      for (int64_t t = 0; t < n; ++t) acc += pg[t] * v[t * stride + d];
+      og[d] = acc;
+    }
+  }
+}
+
+constexpr int64_t PREFETCH = 2;
+
+inline void prefetch_block(const float* k, const float* v, int64_t base, int64_t bs, int64_t stride, int64_t D) {
+  for (int64_t t = 0; t < bs; ++t)
+    for (int64_t d = 0; d < D; d += 16) {  // one 64-byte line per 16 floats
+      __builtin_prefetch(k + base + t * stride + d);
+      __builtin_prefetch(v + base + t * stride + d);
+    }
+}
+
+}  // namespace
+
+// q [rows, heads, D]; caches [blocks, bs, kv, D]; tables [rows, width] int32; context [rows] int32.
+// Row r attends to positions [max(0, ctx - window), ctx) (window < 0: no window).
+torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor tables,
+                           torch::Tensor context, double scale, int64_t window) {
+  TORCH_CHECK(q.dim() == 3 && q.is_contiguous() && q.scalar_type() == at::kFloat, "q: contiguous fp32 [rows, heads, D]");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.scalar_type() == at::kFloat &&
+                  v_cache.scalar_type() == at::kFloat && k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(),
+              "caches: contiguous fp32 [blocks, block_size, kv_heads, D]");
+  TORCH_CHECK(tables.scalar_type() == at::kInt && tables.is_contiguous() && tables.dim() == 2, "tables: int32 [rows, width]");
+  TORCH_CHECK(context.scalar_type() == at::kInt && context.is_contiguous(), "context: int32 [rows]");
+  const int64_t rows = q.size(0), H = q.size(1), D = q.size(2);
+  const int64_t bs = k_cache.size(1), KV = k_cache.size(2), nblocks = k_cache.size(0);
+  TORCH_CHECK(k_cache.size(3) == D && H % KV == 0 && tables.size(0) == rows && context.numel() == rows, "shape mismatch");
+  const int64_t G = H / KV, width = tables.size(1), stride = KV * D;
+  auto out = torch::empty_like(q);
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k_cache.data_ptr<float>();
+  const float* vp = v_cache.data_ptr<float>();
+  const int32_t* tp = tables.data_ptr<int32_t>();
+  const int32_t* cp = context.data_ptr<int32_t>();
+  float* op = out.data_ptr<float>();
+  const float fscale = static_cast<float>(scale);
+
+  at::parallel_for(0, rows * KV, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qs(G * D), o(G * D), s(G * bs), m(G), l(G);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t r = task / KV, h = task % KV;
+      const int64_t ctx = cp[r];
+      const int64_t first = window >= 0 ? std::max<int64_t>(0, ctx - window) : 0;
+      // Scale folded into the queries once instead of into every score.
+      const float* qg = qp + (r * H + h * G) * D;
+      for (int64_t i = 0; i < G * D; ++i) qs[i] = qg[i] * fscale;
+      std::fill(o.begin(), o.end(), 0.f);
+      std::fill(m.begin(), m.end(), -std::numeric_limits<float>::infinity());
+      std::fill(l.begin(), l.end(), 0.f);
+      TORCH_CHECK(ctx <= width * bs, "context longer than the block table");
+      for (int64_t b = first / bs; b < std::min(width, first / bs + PREFETCH) && b * bs < ctx; ++b) {
+        const int64_t ahead = tp[r * width + b];
+        if (ahead >= 0 && ahead < nblocks) prefetch_block(kp, vp, ahead * bs * KV * D + h * D, bs, stride, D);
+      }
+      for (int64_t pos = first; pos < ctx;) {
+        const int64_t b = pos / bs, off = pos % bs, n = std::min(bs - off, ctx - pos);
+        const int64_t block = tp[r * width + b];
+        TORCH_CHECK(block >= 0 && block < nblocks, "block id out of range");
+        const int64_t base = ((block * bs + off) * KV + h) * D;
+        // Blocks are scattered, so the hardware prefetcher cannot guess the next one: ask for this
+        // head's slice of a block PREFETCH blocks ahead while this one is computed.
+        if (b + PREFETCH < width && (b + PREFETCH) * bs < ctx) {
+          const int64_t ahead = tp[r * width + b + PREFETCH];
+          if (ahead >= 0 && ahead < nblocks) prefetch_block(kp, vp, ahead * bs * KV * D + h * D, bs, stride, D);
+        }
+        score_block(qs.data(), kp + base, stride, n, G, D, bs, s.data());
+        for (int64_t g = 0; g < G; ++g) {
+          float* sg = s.data() + g * bs;
+          const float mb = *std::max_element(sg, sg + n);
+          const float mn = std::max(m[g], mb);
+          const float alpha = std::exp(m[g] - mn);  // 0 on the first block (m = -inf)
+          exp_shift(sg, n, mn);
+          float sum = 0.f;
+          for (int64_t t = 0; t < n; ++t) sum += sg[t];
+          l[g] = l[g] * alpha + sum;
+          m[g] = mn;
+          if (alpha != 1.f)
+            for (int64_t d = 0; d < D; ++d) o[g * D + d] *= alpha;
+        }
+        accumulate(o.data(), s.data(), vp + base, stride, n, G, D, bs);
+        pos += n;
+      }
+      float* og = op + (r * H + h * G) * D;
+      for (int64_t g = 0; g < G; ++g) {
+        const float inv = l[g] > 0.f ? 1.f / l[g] : 0.f;
+        for (int64_t d = 0; d < D; ++d) og[g * D + d] = o[g * D + d] * inv;
+      }
+    }
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_decode", &paged_decode, "paged decode attention (fp32, CPU)");
+}

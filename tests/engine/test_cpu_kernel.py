@@ -1,0 +1,132 @@
+"""The C++ paged decode kernel against a dense reference, and its fallback when it cannot be built."""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.attention import AttentionGeometry, cpu_kernel
+from engine.attention.cpu import TorchAttention
+
+needs_kernel = pytest.mark.skipif(cpu_kernel.load() is None, reason="CPU attention kernel not built")
+
+
+def _case(rows: int, heads: int, kv: int, hd: int, bs: int, seed: int = 0, max_ctx: int = 70):
+    g = torch.Generator().manual_seed(seed)
+    rng = random.Random(seed)
+    num_blocks = rows * (-(-max_ctx // bs)) + 3
+    k_cache = torch.randn(num_blocks + 1, bs, kv, hd, generator=g) * 2  # peaky scores
+    v_cache = torch.randn(num_blocks + 1, bs, kv, hd, generator=g)
+    q = torch.randn(rows, heads, hd, generator=g) * 2
+    free = list(range(num_blocks))
+    rng.shuffle(free)
+    ctxs = [1, bs, bs + 1, max_ctx][:rows] + [rng.randint(1, max_ctx) for _ in range(rows - 4)]
+    width = -(-max(ctxs) // bs)
+    tables = [[free.pop() for _ in range(-(-c // bs))] for c in ctxs]
+    padded = torch.tensor([t + [num_blocks] * (width - len(t)) for t in tables], dtype=torch.int32)
+    return q, k_cache, v_cache, tables, ctxs, padded
+
+
+def _reference(q, k_cache, v_cache, tables, ctxs, window):
+    heads, kv, hd = q.shape[1], k_cache.shape[2], q.shape[2]
+    out = []
+    for i, (table, ctx) in enumerate(zip(tables, ctxs, strict=True)):
+        keys = k_cache[table].reshape(-1, kv, hd)[:ctx].double()
+        values = v_cache[table].reshape(-1, kv, hd)[:ctx].double()
+        first = 0 if window is None else max(0, ctx - window)
+        keys, values = keys[first:], values[first:]
+        rep = heads // kv
+        keys, values = keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1)
+        res = F.scaled_dot_product_attention(
+            q[i].double()[:, None], keys.transpose(0, 1), values.transpose(0, 1), scale=hd**-0.5
+        )
+        out.append(res[:, 0])
+    return torch.stack(out).float()
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    "heads,kv,hd,bs",
+    [
+        (9, 3, 64, 16),  # SmolLM2
+        (4, 4, 32, 4),  # no GQA
+        (8, 2, 16, 5),  # block size not a power of two
+        (6, 2, 12, 8),  # head_dim not a multiple of 8: scalar path
+        (12, 1, 8, 16),  # group of 12 > 8: scalar path
+    ],
+)
+@pytest.mark.parametrize("window", [None, 7])
+def test_matches_reference(heads: int, kv: int, hd: int, bs: int, window: int | None) -> None:
+    q, k_cache, v_cache, tables, ctxs, padded = _case(12, heads, kv, hd, bs)
+    out = cpu_kernel.paged_decode(
+        q, k_cache, v_cache, padded, torch.tensor(ctxs, dtype=torch.int32), hd**-0.5, window
+    )
+    torch.testing.assert_close(
+        out, _reference(q, k_cache, v_cache, tables, ctxs, window), rtol=1e-4, atol=1e-5
+    )
+
+
+@needs_kernel
+def test_batch_invariant() -> None:
+    """A row's output is bitwise the same alone, in a batch, and with any thread count."""
+    q, k_cache, v_cache, _, ctxs, padded = _case(16, 9, 3, 64, 16, max_ctx=200)
+    ctx = torch.tensor(ctxs, dtype=torch.int32)
+    full = cpu_kernel.paged_decode(q, k_cache, v_cache, padded, ctx, 0.125, None)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        single = cpu_kernel.paged_decode(q, k_cache, v_cache, padded, ctx, 0.125, None)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(full, single)
+    for i in (0, 5, 15):
+        alone = cpu_kernel.paged_decode(
+            q[i : i + 1], k_cache, v_cache, padded[i : i + 1], ctx[i : i + 1], 0.125, None
+        )
+        assert torch.equal(alone[0], full[i])
+
+
+@needs_kernel
+def test_rejects_bad_block_ids() -> None:
+    q, k_cache, v_cache, _, ctxs, padded = _case(4, 4, 2, 16, 4)
+    padded[0, 0] = k_cache.shape[0]
+    with pytest.raises(RuntimeError, match="block id out of range"):
+        cpu_kernel.paged_decode(
+            q, k_cache, v_cache, padded, torch.tensor(ctxs, dtype=torch.int32), 0.25, None
+        )
+
+
+def _geometry() -> AttentionGeometry:
+    return AttentionGeometry(4, 2, 16, 4, 32, torch.device("cpu"), torch.float32)
+
+
+def test_env_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(cpu_kernel.ENV, "torch")
+    cpu_kernel.load.cache_clear()
+    try:
+        assert cpu_kernel.load() is None
+        assert not TorchAttention(_geometry()).kernel
+    finally:
+        monkeypatch.delenv(cpu_kernel.ENV)
+        cpu_kernel.load.cache_clear()
+
+
+def test_build_failure_falls_back(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from torch.utils import cpp_extension
+
+    def broken(**_: object) -> None:
+        raise RuntimeError("Error building extension: g++: command not found")
+
+    monkeypatch.setattr(cpp_extension, "load", broken)
+    cpu_kernel.load.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING):
+            assert not TorchAttention(_geometry()).kernel
+        assert "apt-get install g++" in caplog.text
+    finally:
+        monkeypatch.undo()
+        cpu_kernel.load.cache_clear()
