@@ -8,14 +8,13 @@ Settings allows only on a loopback host unless `allow_unauthenticated` is set.
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.errors import Unauthorized
-from schemas.settings import Settings
+from schemas.settings import Settings, read_string_map
 
 log = logging.getLogger(__name__)
 
@@ -33,29 +32,9 @@ def _check_tenant(tenant: str, where: str) -> str:
 
 def load_api_keys(settings: Settings) -> dict[str, str]:
     """key → tenant, from the settings; a ValueError names the setting that is wrong."""
-    keys: dict[str, str] = {}
-    if settings.api_keys:
-        for i, item in enumerate(p.strip() for p in settings.api_keys.split(",")):
-            if not item:
-                continue
-            key, _, tenant = item.partition("=")
-            if not key.strip():
-                raise ValueError(f"api_keys: entry {i} has an empty key")
-            keys[key.strip()] = _check_tenant(tenant or OPEN_TENANT, f"api_keys entry {i}")
-    if settings.api_keys_file:
-        try:
-            data = json.loads(settings.api_keys_file.read_text())
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"api_keys_file {settings.api_keys_file}: {exc}") from exc
-        if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                                 for k, v in data.items()):
-            raise ValueError(f"api_keys_file {settings.api_keys_file}: must be a JSON object "
-                             '{"KEY": "TENANT", ...} of strings')
-        for key, tenant in data.items():
-            if not key.strip():
-                raise ValueError(f"api_keys_file {settings.api_keys_file}: an empty key")
-            keys[key.strip()] = _check_tenant(tenant, f"api_keys_file {settings.api_keys_file}")
-    return keys
+    entries = read_string_map(settings.api_keys, settings.api_keys_file, "api_keys", "api_keys_file",
+                              ("KEY", "TENANT"), bare_value=OPEN_TENANT)
+    return {key: _check_tenant(tenant, where) for key, tenant, where in entries}
 
 
 class Auth:

@@ -127,7 +127,8 @@ def run_hf_static(model, requests: list[Request], batch: int = 16) -> Result:  #
 
 def run_engine(engine: Engine, requests: list[Request]) -> tuple[Result, float]:
     for k, r in enumerate(requests):
-        engine.add(f"r{k}", r.prompt, stopping=StoppingParams(max_new_tokens=r.max_new_tokens, ignore_eos=True))
+        stopping = StoppingParams(max_new_tokens=r.max_new_tokens, ignore_eos=True)
+        engine.add(f"r{k}", r.prompt, stopping=stopping)
     total_out = sum(r.max_new_tokens for r in requests)
     done = 0
     start = time.perf_counter()
@@ -142,7 +143,9 @@ def run_engine(engine: Engine, requests: list[Request]) -> tuple[Result, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--workload", choices=["peer", "mixed", "both"], default="both")
     parser.add_argument("--skip-hf", action="store_true", help="engine only")
     parser.add_argument("--one-at-a-time", type=int, default=8, help="requests for baseline (a)")

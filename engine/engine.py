@@ -12,7 +12,8 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Sequence as Seq
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -168,7 +169,9 @@ class Engine:
         self.last_step = StepInfo(prefill_tokens, len(output.chunks), step_s)
         return events
 
-    def _token_event(self, seq: Sequence, token_id: int, logprob: float, top: list[tuple[int, float]]) -> TokenEvent:
+    def _token_event(
+        self, seq: Sequence, token_id: int, logprob: float, top: list[tuple[int, float]]
+    ) -> TokenEvent:
         detokenizer = self._detokenizers[seq.request_id]
         text, stopped = detokenizer.push(token_id)
         special = token_id in self.special_ids
@@ -177,9 +180,9 @@ class Engine:
             reason = FinishReason.STOP_SEQUENCE
         elif token_id in self.eos_token_ids and not seq.stopping.ignore_eos:
             reason = FinishReason.EOS
-        elif seq.num_generated >= seq.stopping.max_new_tokens:
-            reason = FinishReason.LENGTH
-        elif self.max_model_len is not None and seq.num_tokens >= self.max_model_len:
+        elif seq.num_generated >= seq.stopping.max_new_tokens or (
+            self.max_model_len is not None and seq.num_tokens >= self.max_model_len
+        ):
             reason = FinishReason.LENGTH
         event = TokenEvent(
             request_id=seq.request_id,

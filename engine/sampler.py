@@ -68,9 +68,9 @@ class Sampler:
         k = min(max((p.top_n_tokens for p in params), default=0), x.shape[1])
         if k > 0:
             top = logprobs.topk(k, dim=-1)
-            for i, (ids, values) in enumerate(zip(top.indices.tolist(), top.values.tolist())):
+            for i, (ids, values) in enumerate(zip(top.indices.tolist(), top.values.tolist(), strict=True)):
                 n = params[i].top_n_tokens
-                top_tokens[i] = list(zip(ids[:n], values[:n]))
+                top_tokens[i] = list(zip(ids[:n], values[:n], strict=True))
         return SamplerOutput(token_ids=token_ids, logprobs=chosen_logprobs, top_tokens=top_tokens)
 
 

@@ -9,6 +9,7 @@ workers and the webhook worker of one service always agree.
 from __future__ import annotations
 
 import ipaddress
+import json
 from pathlib import Path
 from typing import Literal
 
@@ -275,3 +276,35 @@ def parse_bytes(text: str) -> int:
     if unit not in _UNITS or not number:
         raise ValueError(f"cannot read {text!r} as a size: use e.g. 2GiB, 512MiB or a byte count")
     return int(float(number) * _UNITS[unit])
+
+
+def read_string_map(pairs: str | None, path: Path | None, pairs_name: str, file_name: str,
+                    shape: tuple[str, str], bare_value: str | None = None) -> list[tuple[str, str, str]]:
+    """Entries of a `A=B,C=D` setting and of a JSON-object file setting, in that order, as
+    (key, value, where) — `where` names the setting for error messages. A bare `A` (no `=`) takes
+    `bare_value`, or is an error when that is None. Raises ValueError naming the setting."""
+    entries: list[tuple[str, str, str]] = []
+    for i, item in enumerate(p.strip() for p in (pairs or "").split(",")):
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        if not key.strip() or (not sep and bare_value is None):
+            raise ValueError(f"{pairs_name}: entry {i} is not {shape[0]}={shape[1]}")
+        entries.append((key.strip(), value if sep else bare_value or "", f"{pairs_name} entry {i}"))
+    if path is not None:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{file_name} {path}: {exc}") from exc
+        if not isinstance(data, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in data.items()
+        ):
+            raise ValueError(
+                f'{file_name} {path}: must be a JSON object {{"{shape[0]}": "{shape[1]}", ...}} of strings'
+            )
+        for key, value in data.items():
+            if not key.strip():
+                raise ValueError(f"{file_name} {path}: an empty key")
+            entries.append((key.strip(), value, f"{file_name} {path}"))
+    return entries
+

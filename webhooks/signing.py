@@ -8,13 +8,12 @@ verifies with. Secrets come from `webhook_secrets` (`TENANT=whsec_...,...`), `we
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from standardwebhooks import Webhook
 
-from schemas.settings import Settings
+from schemas.settings import Settings, read_string_map
 
 HOW_TO_MAKE_ONE = ("make one with: python -c \"import base64,os; "
                    "print('whsec_' + base64.b64encode(os.urandom(32)).decode())\"")
@@ -39,27 +38,9 @@ class Secrets:
     @classmethod
     def from_settings(cls, settings: Settings) -> Secrets:
         """The configured secrets; a ValueError names the setting that is wrong."""
-        by_tenant: dict[str, str] = {}
-        if settings.webhook_secrets:
-            for i, item in enumerate(p.strip() for p in settings.webhook_secrets.split(",")):
-                if not item:
-                    continue
-                tenant, sep, secret = item.partition("=")
-                if not sep or not tenant.strip():
-                    raise ValueError(f"webhook_secrets: entry {i} is not TENANT=whsec_...")
-                by_tenant[tenant.strip()] = _checked(secret, f"webhook_secrets: tenant {tenant.strip()}")
-        path = settings.webhook_secrets_file
-        if path is not None:
-            try:
-                data = json.loads(path.read_text())
-            except (OSError, ValueError) as exc:
-                raise ValueError(f"webhook_secrets_file {path}: {exc}") from exc
-            if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                                     for k, v in data.items()):
-                raise ValueError(f"webhook_secrets_file {path}: must be a JSON object "
-                                 '{"TENANT": "whsec_...", ...} of strings')
-            for tenant, secret in data.items():
-                by_tenant[tenant] = _checked(secret, f"webhook_secrets_file {path}: tenant {tenant}")
+        entries = read_string_map(settings.webhook_secrets, settings.webhook_secrets_file,
+                                  "webhook_secrets", "webhook_secrets_file", ("TENANT", "whsec_..."))
+        by_tenant = {t: _checked(secret, f"{where}: tenant {t}") for t, secret, where in entries}
         default = _checked(settings.webhook_secret, "webhook_secret") if settings.webhook_secret else None
         return cls(by_tenant, default)
 

@@ -140,7 +140,7 @@ def test_prefix_cache_hits_on_a_shared_system_prompt(default_model_dir, tokenize
     check_all_blocks_free(engine)
 
 
-def test_forced_preemption_with_a_kv_budget_too_small_for_all(default_model_dir, tokenizer, reference) -> None:  # type: ignore[no-untyped-def]
+def test_forced_preemption_with_a_small_kv_budget(default_model_dir, tokenizer, reference) -> None:  # type: ignore[no-untyped-def]
     prompts = {f"r{i}": encode(tokenizer, p) for i, p in enumerate(PROMPTS)}
     longest = max(len(ids) for ids in prompts.values()) + NEW_TOKENS
     engine = make_engine(default_model_dir, block_size=4, num_blocks=-(-longest // 4) * 2 + 2,
@@ -177,7 +177,8 @@ def test_resume_continues_like_an_uninterrupted_run(default_model_dir, tokenizer
     ids = encode(tokenizer, PROMPTS[0])
     full = reference(ids)
     engine = make_engine(default_model_dir)
-    engine.add("r", ids, stopping=StoppingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True), generated=full[:10])
+    stopping = StoppingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True)
+    engine.add("r", ids, stopping=stopping, generated=full[:10])
     events = []
     while engine.has_unfinished():
         events += engine.step()
