@@ -83,7 +83,3 @@ class Keys:
     def tenant_active(self, tenant: str) -> str:
         """Sorted set: the tenant's jobs not yet seen terminal, by creation time (per-tenant cap)."""
         return f"{self.prefix}:tenant:{tenant}:active"
-
-    def job_keys(self, job_id: str) -> tuple[str, str]:
-        """Keys that get the result TTL when a job ends."""
-        return (self.job(job_id), self.events(job_id))
