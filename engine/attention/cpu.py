@@ -1,9 +1,9 @@
 """Attention in plain torch (any device; the CPU path).
 
-Cache layout per layer, the same as flash-attn's: [num_blocks + 1, block_size, kv_heads, head_dim].
-A block of all heads is one contiguous piece (12 KiB for SmolLM2 at block_size 16), so gathering a
-sequence's blocks streams memory in large pieces, and the gathered [rows, context, kv_heads,
-head_dim] is read by SDPA through strides, with no further copy.
+Cache layout per layer: [num_blocks + 1, kv_heads, block_size, head_dim]. A block is one contiguous
+piece (12 KiB for SmolLM2 at block_size 16) and within it each head's tokens are contiguous, so
+reading one sequence's blocks in order streams memory front to back (see paged_decode.cpp for why
+that matters on CPU). The CUDA backend keeps flash-attn's own layout.
 
 Decode rows (one query each) go through SDPA a group at a time, a group being rows that read the
 same number of blocks: each row's queries become [kv_heads, heads // kv_heads, head_dim], a short
@@ -60,7 +60,8 @@ class _PagedDecode:
 
 @dataclass(slots=True)
 class TorchMeta:
-    slots: torch.Tensor
+    slot_blocks: torch.Tensor  # [T] block of each new token
+    slot_offsets: torch.Tensor  # [T] its position in that block
     decode: list[_DecodeGroup]
     paged: _PagedDecode | None
     prefills: list[_Prefill]
@@ -83,7 +84,7 @@ class TorchAttention:
 
     def cache_shape(self) -> tuple[int, ...]:
         g = self.g
-        return (g.num_blocks + 1, g.block_size, g.num_kv_heads, g.head_dim)
+        return (g.num_blocks + 1, g.num_kv_heads, g.block_size, g.head_dim)
 
     def prepare(self, batch: AttentionBatch) -> TorchMeta:
         bs, device = self.g.block_size, self.g.device
@@ -117,7 +118,13 @@ class TorchAttention:
                 blocks = torch.tensor(batch.block_tables[i][: -(-ctx // bs)], dtype=torch.long, device=device)
             prefills.append(_Prefill(row=row, length=length, start=start, blocks=blocks))
             row += length
-        return TorchMeta(slots=batch.slots, decode=decode, paged=paged, prefills=prefills)
+        return TorchMeta(
+            slot_blocks=batch.slots // bs,
+            slot_offsets=batch.slots % bs,
+            decode=decode,
+            paged=paged,
+            prefills=prefills,
+        )
 
     def _paged(self, batch: AttentionBatch) -> _PagedDecode:
         n, bs = batch.num_decode, self.g.block_size
@@ -142,11 +149,11 @@ class TorchAttention:
         meta: TorchMeta,
         window: int | None,
     ) -> torch.Tensor:
-        kv, hd = self.g.num_kv_heads, self.g.head_dim
+        hd = self.g.head_dim
         # Write first: every query of this step must see its own token and the chunk before it.
-        # As [slots, kv * hd] rows: one memcpy per token instead of one per head.
-        k_cache.view(-1, kv * hd).index_copy_(0, meta.slots, k.reshape(-1, kv * hd))
-        v_cache.view(-1, kv * hd).index_copy_(0, meta.slots, v.reshape(-1, kv * hd))
+        # Seen as [blocks, block_size, kv, hd], token i's [kv, hd] goes to (block, offset).
+        k_cache.transpose(1, 2).index_put_((meta.slot_blocks, meta.slot_offsets), k)
+        v_cache.transpose(1, 2).index_put_((meta.slot_blocks, meta.slot_offsets), v)
         out = q.new_empty(q.shape)
         if meta.paged is not None:
             p = meta.paged
@@ -174,8 +181,9 @@ class TorchAttention:
         n = hi - lo
         # Query head h reads KV head h // group: [rows, heads, hd] -> [rows, kv, group, hd].
         queries = q[lo:hi].view(n, kv, self.group, hd)
-        keys = self._gather(k_cache, grp.blocks, 0).view(n, -1, kv, hd).transpose(1, 2)
-        values = self._gather(v_cache, grp.blocks, 1).view(n, -1, kv, hd).transpose(1, 2)
+        # [kv, rows * width blocks, block_size, hd] -> [rows, kv, context, hd], a view.
+        keys = self._gather(k_cache, grp.blocks, 0).view(kv, n, -1, hd).transpose(0, 1)
+        values = self._gather(v_cache, grp.blocks, 1).view(kv, n, -1, hd).transpose(0, 1)
         res = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=self.g.scale)
         out[lo:hi].view(n, kv, self.group, hd).copy_(res)
 
@@ -193,14 +201,14 @@ class TorchAttention:
         kv, hd = self.g.num_kv_heads, self.g.head_dim
         rows = slice(chunk.row, chunk.row + chunk.length)
         if chunk.blocks is None:  # a fresh prompt: its keys are exactly this step's k/v
-            keys, values = k[rows], v[rows]
-        else:
-            keys = self._gather(k_cache, chunk.blocks, 0).view(-1, kv, hd)[: chunk.context]
-            values = self._gather(v_cache, chunk.blocks, 1).view(-1, kv, hd)[: chunk.context]
+            keys, values = k[rows].transpose(0, 1), v[rows].transpose(0, 1)
+        else:  # [kv, context, hd]
+            keys = self._gather(k_cache, chunk.blocks, 0).view(kv, -1, hd)[:, : chunk.context]
+            values = self._gather(v_cache, chunk.blocks, 1).view(kv, -1, hd)[:, : chunk.context]
         res = F.scaled_dot_product_attention(
             q[rows].transpose(0, 1).unsqueeze(0),
-            keys.transpose(0, 1).unsqueeze(0),
-            values.transpose(0, 1).unsqueeze(0),
+            keys.unsqueeze(0),
+            values.unsqueeze(0),
             attn_mask=mask,
             is_causal=mask is None,
             scale=self.g.scale,
@@ -209,13 +217,15 @@ class TorchAttention:
         out[rows].copy_(res[0].transpose(0, 1))
 
     def _gather(self, cache: torch.Tensor, blocks: torch.Tensor, slot: int) -> torch.Tensor:
-        """[len(blocks), block_size * kv_heads * head_dim]: the blocks of K or V, in workspace `slot`."""
-        block = cache[0].numel()
-        size = blocks.numel() * block
+        """[kv_heads, len(blocks), block_size, head_dim]: the blocks of K or V head by head, so
+        each head's tokens end up contiguous, in workspace `slot`."""
+        by_head = cache.transpose(0, 1)
+        shape = (by_head.shape[0], blocks.numel(), *by_head.shape[2:])
+        size = shape[0] * shape[1] * shape[2] * shape[3]
         if self._workspace[slot].numel() < size:
             self._workspace[slot] = cache.new_empty(size + size // 4)  # headroom: contexts grow
-        out = self._workspace[slot][:size].view(blocks.numel(), block)
-        return torch.index_select(cache.view(-1, block), 0, blocks, out=out)
+        out = self._workspace[slot][:size].view(shape)
+        return torch.index_select(by_head, 1, blocks, out=out)
 
     def _mask(self, meta: TorchMeta, kind: int, index: int, window: int | None) -> torch.Tensor | None:
         key = (kind, index, window)  # windows may differ between layers (Qwen2)

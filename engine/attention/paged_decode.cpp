@@ -2,10 +2,16 @@
 // table. The torch path gathers each row's blocks into a buffer first, so every K/V byte crosses
 // memory three times (read, write, read by SDPA); here it is read once.
 //
-// One task = one (row, KV head): its query heads (the GQA group) are scored together so each K/V
-// vector is loaded once for all of them. Softmax is streamed one cache block at a time (running
-// max, rescale of the accumulator when the max grows). Each (row, head) is computed by the same
-// code in the same order whatever the batch, so results are bitwise batch-invariant.
+// Cache layout [blocks, kv_heads, block_size, head_dim]: a block is one contiguous run of memory,
+// head after head, and the kernel reads it front to back. Decode attention is bound by how fast
+// K/V stream in; this CPU's prefetchers stream contiguous runs at more than twice the rate of the
+// 256-byte pieces, 768 bytes apart, that a token-major layout gives one head.
+//
+// One task = one row. Two passes over its context: every score first (K blocks in order), one
+// softmax over the whole context (no running max, no rescaling), then p @ V (V blocks in order).
+// The query heads of a GQA group are scored together so each K/V vector is loaded once for all of
+// them. Each row is computed by the same code in the same order whatever the batch, so results
+// are bitwise batch-invariant.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -51,11 +57,11 @@ inline float hsum(__m256 v) {
 }
 #endif
 
-// Scores of `n` tokens of one block against the group's G queries: s[g * bs + t]. Four tokens at a
+// Scores of `n` tokens of one block against the group's G queries: s[g * ld + t]. Four tokens at a
 // time: four independent FMA chains instead of one (latency, not bandwidth, would bound a single
 // chain), and one horizontal-add tree for the four sums.
 inline void score_block(const float* q, const float* k, int64_t stride, int64_t n, int64_t G,
-                        int64_t D, int64_t bs, float* s) {
+                        int64_t D, int64_t ld, float* s) {
   int64_t t0 = 0;
 #ifdef CONVEYOR_AVX2
   if (D % 8 == 0) {
@@ -73,13 +79,13 @@ inline void score_block(const float* q, const float* k, int64_t stride, int64_t 
           a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kt + 3 * stride + d), a3);
         }
         __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-        _mm_storeu_ps(s + g * bs + t, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+        _mm_storeu_ps(s + g * ld + t, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
       }
       for (; t < n; ++t) {
         __m256 a = _mm256_setzero_ps();
         for (int64_t d = 0; d < D; d += 8)
           a = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d), _mm256_loadu_ps(k + t * stride + d), a);
-        s[g * bs + t] = hsum(a);
+        s[g * ld + t] = hsum(a);
       }
     }
     t0 = n;
@@ -89,7 +95,7 @@ inline void score_block(const float* q, const float* k, int64_t stride, int64_t 
     for (int64_t g = 0; g < G; ++g) {
       float acc = 0.f;
       for (int64_t d = 0; d < D; ++d) acc += q[g * D + d] * k[t * stride + d];
-      s[g * bs + t] = acc;
+      s[g * ld + t] = acc;
     }
 }
 
@@ -113,10 +119,10 @@ inline void exp_shift(float* p, int64_t n, float m) {
 // o[g] += sum_t p[g][t] * v[t] over the block's n tokens. Up to 64 floats of o[g] stay in registers
 // while t runs: eight independent chains, and o is loaded and stored once per block.
 inline void accumulate(float* o, const float* p, const float* v, int64_t stride, int64_t n, int64_t G,
-                       int64_t D, int64_t bs) {
+                       int64_t D, int64_t ld) {
   for (int64_t g = 0; g < G; ++g) {
     float* og = o + g * D;
-    const float* pg = p + g * bs;
+    const float* pg = p + g * ld;
     int64_t d = 0;
 #ifdef CONVEYOR_AVX2
     for (; d + 64 <= D; d += 64) {
@@ -144,32 +150,51 @@ inline void accumulate(float* o, const float* p, const float* v, int64_t stride,
   }
 }
 
-constexpr int64_t PREFETCH = 2;
+inline float max_of(const float* p, int64_t n) {
+  float m = -std::numeric_limits<float>::infinity();
+  int64_t t = 0;
+#ifdef CONVEYOR_AVX2
+  if (n >= 8) {
+    __m256 mv = _mm256_loadu_ps(p);
+    for (t = 8; t + 8 <= n; t += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(p + t));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    m = _mm_cvtss_f32(h);
+  }
+#endif
+  for (; t < n; ++t) m = std::max(m, p[t]);
+  return m;
+}
 
-inline void prefetch_block(const float* k, const float* v, int64_t base, int64_t bs, int64_t stride, int64_t D) {
-  for (int64_t t = 0; t < bs; ++t)
-    for (int64_t d = 0; d < D; d += 16) {  // one 64-byte line per 16 floats
-      __builtin_prefetch(k + base + t * stride + d);
-      __builtin_prefetch(v + base + t * stride + d);
-    }
+inline float sum_of(const float* p, int64_t n) {
+  float acc = 0.f;
+  int64_t t = 0;
+#ifdef CONVEYOR_AVX2
+  __m256 a = _mm256_setzero_ps();
+  for (; t + 8 <= n; t += 8) a = _mm256_add_ps(a, _mm256_loadu_ps(p + t));
+  acc = hsum(a);
+#endif
+  for (; t < n; ++t) acc += p[t];
+  return acc;
 }
 
 }  // namespace
 
-// q [rows, heads, D]; caches [blocks, bs, kv, D]; tables [rows, width] int32; context [rows] int32.
+// q [rows, heads, D]; caches [blocks, kv, bs, D]; tables [rows, width] int32; context [rows] int32.
 // Row r attends to positions [max(0, ctx - window), ctx) (window < 0: no window).
 torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor tables,
                            torch::Tensor context, double scale, int64_t window) {
   TORCH_CHECK(q.dim() == 3 && q.is_contiguous() && q.scalar_type() == at::kFloat, "q: contiguous fp32 [rows, heads, D]");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.scalar_type() == at::kFloat &&
                   v_cache.scalar_type() == at::kFloat && k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(),
-              "caches: contiguous fp32 [blocks, block_size, kv_heads, D]");
+              "caches: contiguous fp32 [blocks, kv_heads, block_size, D]");
   TORCH_CHECK(tables.scalar_type() == at::kInt && tables.is_contiguous() && tables.dim() == 2, "tables: int32 [rows, width]");
   TORCH_CHECK(context.scalar_type() == at::kInt && context.is_contiguous(), "context: int32 [rows]");
   const int64_t rows = q.size(0), H = q.size(1), D = q.size(2);
-  const int64_t bs = k_cache.size(1), KV = k_cache.size(2), nblocks = k_cache.size(0);
+  const int64_t KV = k_cache.size(1), bs = k_cache.size(2), nblocks = k_cache.size(0);
   TORCH_CHECK(k_cache.size(3) == D && H % KV == 0 && tables.size(0) == rows && context.numel() == rows, "shape mismatch");
-  const int64_t G = H / KV, width = tables.size(1), stride = KV * D;
+  const int64_t G = H / KV, width = tables.size(1), head_stride = bs * D, block_stride = KV * bs * D;
   auto out = torch::empty_like(q);
   const float* qp = q.data_ptr<float>();
   const float* kp = k_cache.data_ptr<float>();
@@ -178,57 +203,48 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
   const int32_t* cp = context.data_ptr<int32_t>();
   float* op = out.data_ptr<float>();
   const float fscale = static_cast<float>(scale);
+  // Checked before the parallel region: an exception thrown inside it would end the process.
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t ctx = cp[r];
+    TORCH_CHECK(ctx >= 0 && ctx <= width * bs, "context longer than the block table");
+    for (int64_t b = 0; b * bs < ctx; ++b)
+      TORCH_CHECK(tp[r * width + b] >= 0 && tp[r * width + b] < nblocks, "block id out of range");
+  }
 
-  at::parallel_for(0, rows * KV, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qs(G * D), o(G * D), s(G * bs), m(G), l(G);
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t r = task / KV, h = task % KV;
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qs(H * D), o(H * D), s;
+    for (int64_t r = begin; r < end; ++r) {
       const int64_t ctx = cp[r];
       const int64_t first = window >= 0 ? std::max<int64_t>(0, ctx - window) : 0;
+      const int64_t n_ctx = ctx - first;
       // Scale folded into the queries once instead of into every score.
-      const float* qg = qp + (r * H + h * G) * D;
-      for (int64_t i = 0; i < G * D; ++i) qs[i] = qg[i] * fscale;
+      for (int64_t i = 0; i < H * D; ++i) qs[i] = qp[r * H * D + i] * fscale;
       std::fill(o.begin(), o.end(), 0.f);
-      std::fill(m.begin(), m.end(), -std::numeric_limits<float>::infinity());
-      std::fill(l.begin(), l.end(), 0.f);
-      TORCH_CHECK(ctx <= width * bs, "context longer than the block table");
-      for (int64_t b = first / bs; b < std::min(width, first / bs + PREFETCH) && b * bs < ctx; ++b) {
-        const int64_t ahead = tp[r * width + b];
-        if (ahead >= 0 && ahead < nblocks) prefetch_block(kp, vp, ahead * bs * KV * D + h * D, bs, stride, D);
-      }
-      for (int64_t pos = first; pos < ctx;) {
+      s.assign(H * n_ctx, 0.f);  // s[(kv head * G + g) * n_ctx + position - first]
+      for (int64_t pos = first; pos < ctx;) {  // pass 1: scores
         const int64_t b = pos / bs, off = pos % bs, n = std::min(bs - off, ctx - pos);
-        const int64_t block = tp[r * width + b];
-        TORCH_CHECK(block >= 0 && block < nblocks, "block id out of range");
-        const int64_t base = ((block * bs + off) * KV + h) * D;
-        // Blocks are scattered, so the hardware prefetcher cannot guess the next one: ask for this
-        // head's slice of a block PREFETCH blocks ahead while this one is computed.
-        if (b + PREFETCH < width && (b + PREFETCH) * bs < ctx) {
-          const int64_t ahead = tp[r * width + b + PREFETCH];
-          if (ahead >= 0 && ahead < nblocks) prefetch_block(kp, vp, ahead * bs * KV * D + h * D, bs, stride, D);
-        }
-        score_block(qs.data(), kp + base, stride, n, G, D, bs, s.data());
-        for (int64_t g = 0; g < G; ++g) {
-          float* sg = s.data() + g * bs;
-          const float mb = *std::max_element(sg, sg + n);
-          const float mn = std::max(m[g], mb);
-          const float alpha = std::exp(m[g] - mn);  // 0 on the first block (m = -inf)
-          exp_shift(sg, n, mn);
-          float sum = 0.f;
-          for (int64_t t = 0; t < n; ++t) sum += sg[t];
-          l[g] = l[g] * alpha + sum;
-          m[g] = mn;
-          if (alpha != 1.f)
-            for (int64_t d = 0; d < D; ++d) o[g * D + d] *= alpha;
-        }
-        accumulate(o.data(), s.data(), vp + base, stride, n, G, D, bs);
+        const float* kb = kp + tp[r * width + b] * block_stride + off * D;
+        for (int64_t h = 0; h < KV; ++h)
+          score_block(qs.data() + h * G * D, kb + h * head_stride, D, n, G, D, n_ctx,
+                      s.data() + h * G * n_ctx + (pos - first));
         pos += n;
       }
-      float* og = op + (r * H + h * G) * D;
-      for (int64_t g = 0; g < G; ++g) {
-        const float inv = l[g] > 0.f ? 1.f / l[g] : 0.f;
-        for (int64_t d = 0; d < D; ++d) og[g * D + d] = o[g * D + d] * inv;
+      for (int64_t i = 0; i < H; ++i) {  // softmax, in place: s becomes p
+        float* si = s.data() + i * n_ctx;
+        exp_shift(si, n_ctx, max_of(si, n_ctx));
+        const float sum = sum_of(si, n_ctx);
+        const float inv = sum > 0.f ? 1.f / sum : 0.f;
+        for (int64_t t = 0; t < n_ctx; ++t) si[t] *= inv;
       }
+      for (int64_t pos = first; pos < ctx;) {  // pass 2: o = p @ V
+        const int64_t b = pos / bs, off = pos % bs, n = std::min(bs - off, ctx - pos);
+        const float* vb = vp + tp[r * width + b] * block_stride + off * D;
+        for (int64_t h = 0; h < KV; ++h)
+          accumulate(o.data() + h * G * D, s.data() + h * G * n_ctx + (pos - first), vb + h * head_stride, D, n, G,
+                     D, n_ctx);
+        pos += n;
+      }
+      std::copy(o.begin(), o.end(), op + r * H * D);
     }
   });
   return out;

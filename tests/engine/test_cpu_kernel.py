@@ -19,8 +19,8 @@ def _case(rows: int, heads: int, kv: int, hd: int, bs: int, seed: int = 0, max_c
     g = torch.Generator().manual_seed(seed)
     rng = random.Random(seed)
     num_blocks = rows * (-(-max_ctx // bs)) + 3
-    k_cache = torch.randn(num_blocks + 1, bs, kv, hd, generator=g) * 2  # peaky scores
-    v_cache = torch.randn(num_blocks + 1, bs, kv, hd, generator=g)
+    k_cache = torch.randn(num_blocks + 1, kv, bs, hd, generator=g) * 2  # peaky scores
+    v_cache = torch.randn(num_blocks + 1, kv, bs, hd, generator=g)
     q = torch.randn(rows, heads, hd, generator=g) * 2
     free = list(range(num_blocks))
     rng.shuffle(free)
@@ -32,11 +32,11 @@ def _case(rows: int, heads: int, kv: int, hd: int, bs: int, seed: int = 0, max_c
 
 
 def _reference(q, k_cache, v_cache, tables, ctxs, window):
-    heads, kv, hd = q.shape[1], k_cache.shape[2], q.shape[2]
+    heads, kv, hd = q.shape[1], k_cache.shape[1], q.shape[2]
     out = []
     for i, (table, ctx) in enumerate(zip(tables, ctxs, strict=True)):
-        keys = k_cache[table].reshape(-1, kv, hd)[:ctx].double()
-        values = v_cache[table].reshape(-1, kv, hd)[:ctx].double()
+        keys = k_cache[table].transpose(1, 2).reshape(-1, kv, hd)[:ctx].double()
+        values = v_cache[table].transpose(1, 2).reshape(-1, kv, hd)[:ctx].double()
         first = 0 if window is None else max(0, ctx - window)
         keys, values = keys[first:], values[first:]
         rep = heads // kv
