@@ -16,29 +16,29 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention import AttentionBackend
+from engine.model.linear import Linear
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 # RoPE variants whose frequencies depend on the longest position seen: computed per step by
 # transformers with data-dependent control flow, so they cannot be captured in a CUDA graph.
 _DYNAMIC_ROPE = ("dynamic", "longrope")
 _LM_HEAD_SLICE = 4096
-# Below ~12 rows MKL's fp32 GEMM picks kernels whose rounding depends on the row count, so a
-# sequence's logits would depend on the batch it is in. Padding to 16 rows keeps them exact.
+# Below ~12 rows MKL's fp32 GEMM (oneDNN's at 1 row) picks kernels whose rounding depends on the
+# row count, so a sequence's logits would depend on the batch it is in. Padding to 16 rows keeps
+# them exact.
 _CPU_MIN_ROWS = 16
+# Rows per slice of the MLP on CPU (see Llama._mlp).
+_MLP_ROWS = 512
 
 
 @dataclass(slots=True)
 class _Layer:
     input_norm: torch.Tensor
-    qkv: torch.Tensor
-    qkv_bias: torch.Tensor | None
-    o: torch.Tensor
-    o_bias: torch.Tensor | None
+    qkv: Linear
+    o: Linear
     post_norm: torch.Tensor
-    gate_up: torch.Tensor
-    gate_up_bias: torch.Tensor | None
-    down: torch.Tensor
-    down_bias: torch.Tensor | None
+    gate_up: Linear
+    down: Linear
     window: int | None  # sliding-window attention span, None: full causal
 
 
@@ -72,8 +72,8 @@ class Llama:
         base = hf.model
         self.embed = self._param(base.embed_tokens.weight)
         lm_head: torch.Tensor = hf.lm_head.weight
-        tied = lm_head.data_ptr() == base.embed_tokens.weight.data_ptr()
-        self.lm_head = self.embed if tied else self._param(lm_head)
+        self.tied_embeddings = lm_head.data_ptr() == base.embed_tokens.weight.data_ptr()
+        self.lm_head = Linear(self.embed if self.tied_embeddings else self._param(lm_head))
         self.norm = self._param(base.norm.weight)
         self.layers = [self._layer(layer, i, cfg) for i, layer in enumerate(base.layers)]
         # transformers' rotary module gives cos/sin for every RoPE scaling type; a copy, so that
@@ -96,21 +96,21 @@ class Llama:
                 b if b is not None else p.weight.new_zeros(p.out_features)
                 for b, p in zip(biases, projections, strict=True)
             ]
+        qkv_bias = None if biases[0] is None else torch.cat(biases)
+        gate, up = mlp.gate_proj, mlp.up_proj
+        gate_up_bias = None if gate.bias is None else torch.cat([gate.bias, up.bias])
         return _Layer(
             input_norm=self._param(layer.input_layernorm.weight),
-            qkv=self._param(torch.cat([p.weight for p in projections])),
-            qkv_bias=None if biases[0] is None else self._param(torch.cat(biases)),
-            o=self._param(att.o_proj.weight),
-            o_bias=self._optional(att.o_proj.bias),
+            qkv=self._linear(torch.cat([p.weight for p in projections]), qkv_bias),
+            o=self._linear(att.o_proj.weight, att.o_proj.bias),
             post_norm=self._param(layer.post_attention_layernorm.weight),
-            gate_up=self._param(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
-            gate_up_bias=None
-            if mlp.gate_proj.bias is None
-            else self._param(torch.cat([mlp.gate_proj.bias, mlp.up_proj.bias])),
-            down=self._param(mlp.down_proj.weight),
-            down_bias=self._optional(mlp.down_proj.bias),
+            gate_up=self._linear(torch.cat([gate.weight, up.weight]), gate_up_bias),
+            down=self._linear(mlp.down_proj.weight, mlp.down_proj.bias),
             window=_window(cfg, index),
         )
+
+    def _linear(self, weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
+        return Linear(self._param(weight), self._optional(bias))
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sign-folded sin, [T, 1, head_dim]: once per step, shared by all layers."""
@@ -136,13 +136,13 @@ class Llama:
             input_ids = F.pad(input_ids, (0, self.min_rows - n_real))
             positions = F.pad(positions, (0, self.min_rows - n_real))
         n_tok = input_ids.shape[0]
-        heads, kv, hd, inter = self.num_heads, self.num_kv_heads, self.head_dim, self.intermediate_size
+        heads, kv, hd = self.num_heads, self.num_kv_heads, self.head_dim
         cos, sin = self.rope(positions)
         half = hd // 2
         h = F.embedding(input_ids, self.embed)
         for i, layer in enumerate(self.layers):
             x = self._rms_norm(h, layer.input_norm)
-            qkv = self._linear(x, layer.qkv, layer.qkv_bias, "qkv")
+            qkv = self._apply(layer.qkv, x, "qkv")
             # RoPE on q and k together: q*cos + rotate_half(q)*sin in three passes, into workspaces.
             qk = qkv[:, : (heads + kv) * hd].view(n_tok, heads + kv, hd)
             rot = torch.cat((qk[..., half:], qk[..., :half]), dim=-1, out=self._buffer("rot", qk.shape))
@@ -159,26 +159,43 @@ class Llama:
             )
             if n_real < n_tok:
                 att = F.pad(att, (0, 0, 0, n_tok - n_real))
-            _accumulate(h, att, layer.o, layer.o_bias)
-            gate_up = self._linear(
-                self._rms_norm(h, layer.post_norm), layer.gate_up, layer.gate_up_bias, "mlp"
-            )
-            gate = gate_up[:, :inter]
-            act = F.silu(gate, inplace=True) if self.silu else gate.copy_(self.act(gate))
-            _accumulate(h, act.mul_(gate_up[:, inter:]), layer.down, layer.down_bias)
+            h = self._mlp(layer.o.residual(h, att), layer)
         return h[:n_real]
+
+    def _mlp(self, h: torch.Tensor, layer: _Layer) -> torch.Tensor:
+        """h + MLP(norm(h)). Rows are independent here, so on CPU a long batch (prefill) goes through
+        in slices of _MLP_ROWS rows: the activations stay a few MB, which the allocator reuses and L3
+        holds, instead of tens of MB mapped and page-faulted anew in every layer."""
+        if self.device.type != "cpu" or h.shape[0] <= _MLP_ROWS:
+            return self._mlp_rows(h, layer)
+        for lo in range(0, h.shape[0], _MLP_ROWS):
+            rows = h[lo : lo + _MLP_ROWS]
+            out = self._mlp_rows(rows, layer)
+            if out.data_ptr() != rows.data_ptr():
+                rows.copy_(out)
+        return h
+
+    def _mlp_rows(self, h: torch.Tensor, layer: _Layer) -> torch.Tensor:
+        inter = self.intermediate_size
+        gate_up = self._apply(layer.gate_up, self._rms_norm(h, layer.post_norm), "mlp")
+        gate, up = gate_up[:, :inter], gate_up[:, inter:]
+        gate = F.silu(gate, inplace=True) if self.silu else gate.copy_(self.act(gate))
+        # Into a contiguous buffer: oneDNN would copy a strided view before the GEMM.
+        act = torch.mul(gate, up, out=self._buffer("act", gate.shape))
+        return layer.down.residual(h, act)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits for the given rows only (the rows that sample)."""
         n_real = hidden.shape[0]
         x = self._rms_norm(F.pad(hidden, (0, 0, 0, max(0, self.min_rows - n_real))), self.norm)
-        if self.device.type != "cpu":
-            return F.linear(x, self.lm_head)[:n_real].float()
-        # On CPU, slices of the vocabulary keep each GEMM's output in L2: ~20 % faster at 64 rows.
-        out = torch.empty(x.shape[0], self.vocab_size, dtype=self.dtype, device=self.device)
+        if self.lm_head.packed or self.device.type != "cpu":
+            return self.lm_head(x)[:n_real].float()
+        # torch.mm on CPU: slices of the vocabulary keep each GEMM's output in L2, ~20 % faster at
+        # 64 rows.
+        out = self._buffer("logits", (x.shape[0], self.vocab_size))
         for lo in range(0, self.vocab_size, _LM_HEAD_SLICE):
             hi = min(lo + _LM_HEAD_SLICE, self.vocab_size)
-            torch.mm(x, self.lm_head[lo:hi].t(), out=out[:, lo:hi])
+            torch.mm(x, self.lm_head.weight[lo:hi].t(), out=out[:, lo:hi])
         return out[:n_real].float()
 
     def _buffer(self, name: str, shape: tuple[int, ...] | torch.Size) -> torch.Tensor:
@@ -193,26 +210,16 @@ class Llama:
             flat = self._workspace[name] = torch.empty(size, dtype=self.dtype, device=self.device)
         return flat[:size].view(shape)
 
-    def _linear(
-        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, name: str
-    ) -> torch.Tensor:
-        out = self._buffer(name, (x.shape[0], weight.shape[0]))
-        if bias is None:
-            return torch.mm(x, weight.t(), out=out)
-        return torch.addmm(bias, x, weight.t(), out=out)
+    def _apply(self, linear: Linear, x: torch.Tensor, name: str) -> torch.Tensor:
+        """linear(x), into workspace `name` when the GEMM takes an output buffer."""
+        out = None if linear.packed else self._buffer(name, (x.shape[0], linear.out_features))
+        return linear(x, out)
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         # As transformers does it: normalise in float32, cast back, then scale.
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return weight * xf.to(x.dtype)
-
-
-def _accumulate(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-    """h += x @ weight.T (+ bias), in place: the GEMM adds into the residual, no temporary."""
-    h.addmm_(x, weight.t())
-    if bias is not None:
-        h += bias
 
 
 def _window(cfg: Any, index: int) -> int | None:

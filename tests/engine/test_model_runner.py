@@ -205,7 +205,7 @@ def test_from_pretrained_with_tied_embeddings(tmp_path) -> None:
     hf = _model(LlamaForCausalLM, LlamaConfig, tie_word_embeddings=True)
     hf.save_pretrained(tmp_path)
     runner = ModelRunner.from_pretrained(tmp_path, EngineConfig(block_size=4, num_blocks=64, device="cpu"))
-    assert runner.model.lm_head is runner.model.embed
+    assert runner.model.tied_embeddings
     assert (runner.device.type, runner.dtype, runner.vocab_size) == ("cpu", torch.float32, VOCAB)
     _drive(runner, hf, [(7, 3, 0, 3), (2, 64, 0, 3)])
 
