@@ -1,9 +1,10 @@
 """Attention in plain torch (any device; the CPU path).
 
-Cache layout per layer: [num_blocks + 1, kv_heads, block_size, head_dim]. A block is one contiguous
-piece (12 KiB for SmolLM2 at block_size 16) and within it each head's tokens are contiguous, so
-reading one sequence's blocks in order streams memory front to back (see paged_decode.cpp for why
-that matters on CPU). The CUDA backend keeps flash-attn's own layout.
+Cache layout per layer: V is [num_blocks + 1, kv_heads, block_size, head_dim]; K has the same shape
+but holds each (block, head) transposed, [head_dim, block_size]. A block is one contiguous piece
+(12 KiB for SmolLM2 at block_size 16) and within it each head is contiguous, so reading one
+sequence's blocks in order streams memory front to back (see paged_decode.cpp for why that matters
+on CPU, and why K is transposed). The CUDA backend keeps flash-attn's own layout.
 
 Decode rows (one query each) go through SDPA a group at a time, a group being rows that read the
 same number of blocks: each row's queries become [kv_heads, heads // kv_heads, head_dim], a short
@@ -151,9 +152,10 @@ class TorchAttention:
     ) -> torch.Tensor:
         hd = self.g.head_dim
         # Write first: every query of this step must see its own token and the chunk before it.
-        # Seen as [blocks, block_size, kv, hd], token i's [kv, hd] goes to (block, offset).
-        k_cache.transpose(1, 2).index_put_((meta.slot_blocks, meta.slot_offsets), k)
-        v_cache.transpose(1, 2).index_put_((meta.slot_blocks, meta.slot_offsets), v)
+        # Both seen as [blocks, block_size, kv, hd], token i's [kv, hd] goes to (block, offset).
+        where = (meta.slot_blocks, meta.slot_offsets)
+        keys_by_token(k_cache).index_put_(where, k)
+        v_cache.transpose(1, 2).index_put_(where, v)
         out = q.new_empty(q.shape)
         if meta.paged is not None:
             p = meta.paged
@@ -181,9 +183,9 @@ class TorchAttention:
         n = hi - lo
         # Query head h reads KV head h // group: [rows, heads, hd] -> [rows, kv, group, hd].
         queries = q[lo:hi].view(n, kv, self.group, hd)
-        # [kv, rows * width blocks, block_size, hd] -> [rows, kv, context, hd], a view.
-        keys = self._gather(k_cache, grp.blocks, 0).view(kv, n, -1, hd).transpose(0, 1)
-        values = self._gather(v_cache, grp.blocks, 1).view(kv, n, -1, hd).transpose(0, 1)
+        # [kv, rows * width blocks, block_size, hd] -> [rows, kv, context, hd].
+        keys = self._gather(k_cache, grp.blocks, 0).reshape(kv, n, -1, hd).transpose(0, 1)
+        values = self._gather(v_cache, grp.blocks, 1).reshape(kv, n, -1, hd).transpose(0, 1)
         res = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=self.g.scale)
         out[lo:hi].view(n, kv, self.group, hd).copy_(res)
 
@@ -203,8 +205,8 @@ class TorchAttention:
         if chunk.blocks is None:  # a fresh prompt: its keys are exactly this step's k/v
             keys, values = k[rows].transpose(0, 1), v[rows].transpose(0, 1)
         else:  # [kv, context, hd]
-            keys = self._gather(k_cache, chunk.blocks, 0).view(kv, -1, hd)[:, : chunk.context]
-            values = self._gather(v_cache, chunk.blocks, 1).view(kv, -1, hd)[:, : chunk.context]
+            keys = self._gather(k_cache, chunk.blocks, 0).reshape(kv, -1, hd)[:, : chunk.context]
+            values = self._gather(v_cache, chunk.blocks, 1).reshape(kv, -1, hd)[:, : chunk.context]
         res = F.scaled_dot_product_attention(
             q[rows].transpose(0, 1).unsqueeze(0),
             keys.unsqueeze(0),
@@ -217,15 +219,17 @@ class TorchAttention:
         out[rows].copy_(res[0].transpose(0, 1))
 
     def _gather(self, cache: torch.Tensor, blocks: torch.Tensor, slot: int) -> torch.Tensor:
-        """[kv_heads, len(blocks), block_size, head_dim]: the blocks of K or V head by head, so
-        each head's tokens end up contiguous, in workspace `slot`."""
+        """[kv_heads, len(blocks), block_size, head_dim]: the blocks of K (slot 0, a strided view)
+        or V (slot 1, contiguous) head by head, in workspace `slot`."""
         by_head = cache.transpose(0, 1)
         shape = (by_head.shape[0], blocks.numel(), *by_head.shape[2:])
         size = shape[0] * shape[1] * shape[2] * shape[3]
         if self._workspace[slot].numel() < size:
             self._workspace[slot] = cache.new_empty(size + size // 4)  # headroom: contexts grow
-        out = self._workspace[slot][:size].view(shape)
-        return torch.index_select(by_head, 1, blocks, out=out)
+        out = torch.index_select(by_head, 1, blocks, out=self._workspace[slot][:size].view(shape))
+        if slot == 0:  # K holds [head_dim, block_size] per (block, head)
+            return out.view(shape[0], shape[1], shape[3], shape[2]).transpose(2, 3)
+        return out
 
     def _mask(self, meta: TorchMeta, kind: int, index: int, window: int | None) -> torch.Tensor | None:
         key = (kind, index, window)  # windows may differ between layers (Qwen2)
@@ -256,3 +260,10 @@ class TorchAttention:
         if window is not None:
             valid &= kpos > qpos - window
         return valid
+
+
+def keys_by_token(k_cache: torch.Tensor) -> torch.Tensor:
+    """The K cache seen as [blocks, block_size, kv_heads, head_dim] (a strided view): each
+    (block, head) is stored [head_dim, block_size]."""
+    blocks, kv, bs, hd = k_cache.shape
+    return k_cache.view(blocks, kv, hd, bs).permute(0, 3, 1, 2)

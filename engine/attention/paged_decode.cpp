@@ -2,10 +2,12 @@
 // table. The torch path gathers each row's blocks into a buffer first, so every K/V byte crosses
 // memory three times (read, write, read by SDPA); here it is read once.
 //
-// Cache layout [blocks, kv_heads, block_size, head_dim]: a block is one contiguous run of memory,
-// head after head, and the kernel reads it front to back. Decode attention is bound by how fast
-// K/V stream in; this CPU's prefetchers stream contiguous runs at more than twice the rate of the
-// 256-byte pieces, 768 bytes apart, that a token-major layout gives one head.
+// Cache layout: V [blocks, kv_heads, block_size, head_dim], K the same but transposed within each
+// (block, head): [head_dim, block_size]. A block is one contiguous run of memory, head after head,
+// and the kernel reads it front to back. Decode attention is bound by how fast K/V stream in; this
+// CPU's prefetchers stream contiguous runs at more than twice the rate of the 256-byte pieces, 768
+// bytes apart, that a token-major layout gives one head. K transposed lets the scores of a block's
+// tokens be computed side by side in SIMD lanes, with no horizontal sums.
 //
 // One task = one row. Two passes over its context: every score first (K blocks in order), one
 // softmax over the whole context (no running max, no rescaling), then p @ V (V blocks in order).
@@ -57,44 +59,53 @@ inline float hsum(__m256 v) {
 }
 #endif
 
-// Scores of `n` tokens of one block against the group's G queries: s[g * ld + t]. Four tokens at a
-// time: four independent FMA chains instead of one (latency, not bandwidth, would bound a single
-// chain), and one horizontal-add tree for the four sums.
-inline void score_block(const float* q, const float* k, int64_t stride, int64_t n, int64_t G,
+// Scores of one block's tokens [off, off + n) against the group's G queries, K stored transposed
+// within the block ([D, bs]): s[g * ld + t - off]. Vectorised over tokens: for each dimension d, one
+// load of K's row d serves every query of the group (a broadcast of q[g][d] each), and no
+// horizontal sums are needed. Lanes past n are computed and dropped.
+inline void score_block(const float* q, const float* kt, int64_t bs, int64_t off, int64_t n, int64_t G,
                         int64_t D, int64_t ld, float* s) {
-  int64_t t0 = 0;
 #ifdef CONVEYOR_AVX2
-  if (D % 8 == 0) {
-    for (int64_t g = 0; g < G; ++g) {
-      const float* qg = q + g * D;
-      int64_t t = 0;
-      for (; t + 4 <= n; t += 4) {
-        const float* kt = k + t * stride;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int64_t d = 0; d < D; d += 8) {
-          __m256 qv = _mm256_loadu_ps(qg + d);
-          a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kt + d), a0);
-          a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kt + stride + d), a1);
-          a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kt + 2 * stride + d), a2);
-          a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kt + 3 * stride + d), a3);
-        }
-        __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-        _mm_storeu_ps(s + g * ld + t, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+  if (bs == 16 && D % 2 == 0) {
+    // Up to three queries x two 8-token halves x two interleaved dimension sets: twelve independent
+    // FMA chains, enough to hide the FMA latency.
+    for (int64_t g0 = 0; g0 < G; g0 += 3) {
+      const int64_t gn = std::min<int64_t>(3, G - g0);
+      const float* q0 = q + g0 * D;
+      const float* q1 = q + (g0 + std::min<int64_t>(1, gn - 1)) * D;
+      const float* q2 = q + (g0 + gn - 1) * D;
+      __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00;
+      __m256 b00 = a00, b01 = a00, b10 = a00, b11 = a00, b20 = a00, b21 = a00;
+      for (int64_t d = 0; d < D; d += 2) {
+        const float* row = kt + d * bs;
+        __m256 k0 = _mm256_loadu_ps(row), k1 = _mm256_loadu_ps(row + 8);
+        __m256 x = _mm256_broadcast_ss(q0 + d);
+        a00 = _mm256_fmadd_ps(x, k0, a00); a01 = _mm256_fmadd_ps(x, k1, a01);
+        x = _mm256_broadcast_ss(q1 + d);
+        a10 = _mm256_fmadd_ps(x, k0, a10); a11 = _mm256_fmadd_ps(x, k1, a11);
+        x = _mm256_broadcast_ss(q2 + d);
+        a20 = _mm256_fmadd_ps(x, k0, a20); a21 = _mm256_fmadd_ps(x, k1, a21);
+        k0 = _mm256_loadu_ps(row + bs); k1 = _mm256_loadu_ps(row + bs + 8);
+        x = _mm256_broadcast_ss(q0 + d + 1);
+        b00 = _mm256_fmadd_ps(x, k0, b00); b01 = _mm256_fmadd_ps(x, k1, b01);
+        x = _mm256_broadcast_ss(q1 + d + 1);
+        b10 = _mm256_fmadd_ps(x, k0, b10); b11 = _mm256_fmadd_ps(x, k1, b11);
+        x = _mm256_broadcast_ss(q2 + d + 1);
+        b20 = _mm256_fmadd_ps(x, k0, b20); b21 = _mm256_fmadd_ps(x, k1, b21);
       }
-      for (; t < n; ++t) {
-        __m256 a = _mm256_setzero_ps();
-        for (int64_t d = 0; d < D; d += 8)
-          a = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d), _mm256_loadu_ps(k + t * stride + d), a);
-        s[g * ld + t] = hsum(a);
-      }
+      float tmp[3][16];
+      _mm256_storeu_ps(tmp[0], _mm256_add_ps(a00, b00)); _mm256_storeu_ps(tmp[0] + 8, _mm256_add_ps(a01, b01));
+      _mm256_storeu_ps(tmp[1], _mm256_add_ps(a10, b10)); _mm256_storeu_ps(tmp[1] + 8, _mm256_add_ps(a11, b11));
+      _mm256_storeu_ps(tmp[2], _mm256_add_ps(a20, b20)); _mm256_storeu_ps(tmp[2] + 8, _mm256_add_ps(a21, b21));
+      for (int64_t g = 0; g < gn; ++g) std::copy(tmp[g] + off, tmp[g] + off + n, s + (g0 + g) * ld);
     }
-    t0 = n;
+    return;
   }
 #endif
-  for (int64_t t = t0; t < n; ++t)
-    for (int64_t g = 0; g < G; ++g) {
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t t = 0; t < n; ++t) {
       float acc = 0.f;
-      for (int64_t d = 0; d < D; ++d) acc += q[g * D + d] * k[t * stride + d];
+      for (int64_t d = 0; d < D; ++d) acc += q[g * D + d] * kt[d * bs + off + t];
       s[g * ld + t] = acc;
     }
 }
@@ -181,7 +192,7 @@ inline float sum_of(const float* p, int64_t n) {
 
 }  // namespace
 
-// q [rows, heads, D]; caches [blocks, kv, bs, D]; tables [rows, width] int32; context [rows] int32.
+// q [rows, heads, D]; caches [blocks, kv, bs, D] (K's last two dims hold [D, bs]); tables [rows, width] int32; context [rows] int32.
 // Row r attends to positions [max(0, ctx - window), ctx) (window < 0: no window).
 torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor tables,
                            torch::Tensor context, double scale, int64_t window) {
@@ -223,9 +234,9 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
       s.assign(H * n_ctx, 0.f);  // s[(kv head * G + g) * n_ctx + position - first]
       for (int64_t pos = first; pos < ctx;) {  // pass 1: scores
         const int64_t b = pos / bs, off = pos % bs, n = std::min(bs - off, ctx - pos);
-        const float* kb = kp + tp[r * width + b] * block_stride + off * D;
+        const float* kb = kp + tp[r * width + b] * block_stride;
         for (int64_t h = 0; h < KV; ++h)
-          score_block(qs.data() + h * G * D, kb + h * head_stride, D, n, G, D, n_ctx,
+          score_block(qs.data() + h * G * D, kb + h * head_stride, bs, off, n, G, D, n_ctx,
                       s.data() + h * G * n_ctx + (pos - first));
         pos += n;
       }

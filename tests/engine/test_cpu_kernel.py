@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention import AttentionGeometry, cpu_kernel
-from engine.attention.cpu import TorchAttention
+from engine.attention.cpu import TorchAttention, keys_by_token
 
 needs_kernel = pytest.mark.skipif(cpu_kernel.load() is None, reason="CPU attention kernel not built")
 
@@ -35,7 +35,7 @@ def _reference(q, k_cache, v_cache, tables, ctxs, window):
     heads, kv, hd = q.shape[1], k_cache.shape[1], q.shape[2]
     out = []
     for i, (table, ctx) in enumerate(zip(tables, ctxs, strict=True)):
-        keys = k_cache[table].transpose(1, 2).reshape(-1, kv, hd)[:ctx].double()
+        keys = keys_by_token(k_cache)[table].reshape(-1, kv, hd)[:ctx].double()
         values = v_cache[table].transpose(1, 2).reshape(-1, kv, hd)[:ctx].double()
         first = 0 if window is None else max(0, ctx - window)
         keys, values = keys[first:], values[first:]
@@ -53,6 +53,7 @@ def _reference(q, k_cache, v_cache, tables, ctxs, window):
     "heads,kv,hd,bs",
     [
         (9, 3, 64, 16),  # SmolLM2
+        (8, 2, 32, 16),  # group of 4: the vector path's query groups of three plus one
         (4, 4, 32, 4),  # no GQA
         (8, 2, 16, 5),  # block size not a power of two
         (6, 2, 12, 8),  # head_dim not a multiple of 8: scalar path
