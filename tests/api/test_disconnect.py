@@ -63,8 +63,11 @@ def test_sync_client_disconnect_cancels_its_job(tiny_service) -> None:  # type: 
                    timeout=httpx.Timeout(10, read=2.0))
     until(lambda: {j["id"] for j in alices_jobs()} - before, timeout=5)
     [job_id] = {j["id"] for j in alices_jobs()} - before
-    until(lambda: status(tiny_service, job_id) == "cancelled", timeout=1.0)
-    until(lambda: blocks_used(tiny_service) == 0, timeout=1.0)
+    # "cancelled" cannot be reached by the job finishing; the bound is loose because this window also
+    # holds the server noticing the disconnect, which on a loaded 2-core CI machine once took 1.06 s.
+    # The one-second figure is the streaming test's.
+    until(lambda: status(tiny_service, job_id) == "cancelled", timeout=3.0)
+    until(lambda: blocks_used(tiny_service) == 0, timeout=3.0)
 
 
 def test_openai_streaming_disconnect_cancels(tiny_service) -> None:  # type: ignore[no-untyped-def]
