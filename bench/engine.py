@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.config import EngineConfig  # noqa: E402
 from engine.engine import Engine  # noqa: E402
 from engine.loader import resolve_model  # noqa: E402
-from engine.model.linear import onednn_available  # noqa: E402
+from engine.model.linear import Linear  # noqa: E402
 from engine.params import StoppingParams  # noqa: E402
 
 
@@ -75,9 +75,9 @@ def matmul_peak(seconds: float = 3.0) -> dict[str, float]:
     """
     a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
     candidates = {"torch.mm (MKL)": lambda: a @ b}
-    if onednn_available():
-        packed = torch.ops.mkldnn._reorder_linear_weight(b.t().contiguous(), 2048)
-        candidates["oneDNN"] = lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], "")
+    linear = Linear(b.t().contiguous())  # the engine's own GEMM: x @ weight.T = a @ b
+    if linear.packed:
+        candidates["oneDNN"] = lambda: linear(a)
     peaks = {}
     for name, matmul in candidates.items():
         matmul()
