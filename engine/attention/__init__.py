@@ -93,6 +93,6 @@ def select_attention(geometry: AttentionGeometry) -> AttentionBackend:
 
             return FlashAttention(geometry)
         logger.warning("using torch attention on CUDA, which is much slower: %s", reason)
-    from engine.attention.cpu import TorchAttention
+    from engine.attention.torch_paged import TorchAttention
 
     return TorchAttention(geometry)

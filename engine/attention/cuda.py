@@ -2,7 +2,13 @@
 
 flash_attn is imported when this backend is built, never when the module is imported, so CPU
 installs never need it. Cache layout per layer is flash-attn's: [num_blocks + 1, block_size,
-kv_heads, head_dim]. Tested only where a GPU and flash-attn are present.
+kv_heads, head_dim].
+
+Never run on a GPU. On CPU, tests/engine/test_model_runner.py checks how FlashAttention calls
+flash-attn against a plain-torch stand-in for flash-attn's documented API; the real kernels and
+DecodeGraphs (CUDA graphs) are not tested. Check them on a CUDA machine with flash-attn
+(`pip install 'conveyor[gpu]'`) before relying on them; without flash-attn, CUDA runs the torch
+backend (torch_paged.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Attention in plain torch (any device; the CPU path).
+"""Attention in plain torch over the paged cache: any device (the CPU path, and CUDA's fallback).
 
 Cache layout per layer: V is [num_blocks + 1, kv_heads, block_size, head_dim]; K has the same shape
 but holds each (block, head) transposed, [head_dim, block_size]. A block is one contiguous piece
