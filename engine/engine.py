@@ -121,7 +121,6 @@ class Engine:
             stopping=stopping,
             priority=priority,
             deadline=deadline,
-            arrival=self.clock(),
         )
         seq.token_ids.extend(generated)
         self._detokenizers[request_id] = Detokenizer(

@@ -104,7 +104,7 @@ class Scheduler:
         return seq
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
-        seq.status = SequenceStatus.finished(reason)
+        seq.finish(reason)
         self.block_manager.free(seq)
         self._remove(seq)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from enum import IntEnum, StrEnum
+from enum import StrEnum
 
 from engine.params import SamplingParams, StoppingParams
 
@@ -17,37 +17,16 @@ class FinishReason(StrEnum):
     EXPIRED = "expired"
 
 
-class SequenceStatus(IntEnum):
-    """Ordered: every status above PREEMPTED is finished."""
+class SequenceStatus(StrEnum):
+    """Where a sequence stands; why a FINISHED one ended is its `finish_reason`."""
 
-    WAITING = 0
-    RUNNING = 1
-    PREEMPTED = 2
-    FINISHED_EOS = 3
-    FINISHED_LENGTH = 4
-    FINISHED_STOP_SEQUENCE = 5
-    FINISHED_ABORTED = 6
-    FINISHED_EXPIRED = 7
-
-    @property
-    def is_finished(self) -> bool:
-        return self > SequenceStatus.PREEMPTED
-
-    @classmethod
-    def finished(cls, reason: FinishReason) -> SequenceStatus:
-        return _FINISHED_BY_REASON[reason]
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
 
 
-_FINISHED_BY_REASON = {
-    FinishReason.EOS: SequenceStatus.FINISHED_EOS,
-    FinishReason.LENGTH: SequenceStatus.FINISHED_LENGTH,
-    FinishReason.STOP_SEQUENCE: SequenceStatus.FINISHED_STOP_SEQUENCE,
-    FinishReason.ABORTED: SequenceStatus.FINISHED_ABORTED,
-    FinishReason.EXPIRED: SequenceStatus.FINISHED_EXPIRED,
-}
-_REASON_BY_FINISHED = {status: reason for reason, status in _FINISHED_BY_REASON.items()}
-
-# Tie-breaker for equal arrival times: admission order is total and stable.
+# Arrival order, the tie-breaker between equal priorities: service order is total and stable.
 _arrival_counter = itertools.count()
 
 
@@ -68,12 +47,12 @@ class Sequence:
     stopping: StoppingParams = field(default_factory=StoppingParams)
     priority: int = 0
     deadline: float | None = None
-    arrival: float = 0.0
     token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at admission
     block_table: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: FinishReason | None = None  # set with status FINISHED, never without it
     order: int = field(default_factory=lambda: next(_arrival_counter))
 
     def __post_init__(self) -> None:
@@ -102,11 +81,11 @@ class Sequence:
 
     @property
     def is_finished(self) -> bool:
-        return self.status.is_finished
+        return self.status is SequenceStatus.FINISHED
 
-    @property
-    def finish_reason(self) -> FinishReason | None:
-        return _REASON_BY_FINISHED.get(self.status)
+    def finish(self, reason: FinishReason) -> None:
+        self.status = SequenceStatus.FINISHED
+        self.finish_reason = reason
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)

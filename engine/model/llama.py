@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention import AttentionBackend
+from engine.model import SUPPORTED_MODEL_TYPES
 from engine.model.linear import Linear
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 # RoPE variants whose frequencies depend on the longest position seen: computed per step by
 # transformers with data-dependent control flow, so they cannot be captured in a CUDA graph.
 _DYNAMIC_ROPE = ("dynamic", "longrope")

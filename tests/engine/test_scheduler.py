@@ -236,7 +236,7 @@ def test_waiting_requests_expire() -> None:
     sim.step()
     sim.now[0] = 50.0
     out = sim.step()
-    assert out.expired == [late] and late.status == SequenceStatus.FINISHED_EXPIRED
+    assert out.expired == [late] and late.status == SequenceStatus.FINISHED
     assert late.finish_reason == FinishReason.EXPIRED and not late.block_table
     assert sim.sched.get("late") is None and sim.sched.num_waiting == 1
     assert running.status == SequenceStatus.RUNNING and "late" not in sim.chunks(out)
@@ -251,10 +251,12 @@ def test_abort_waiting_and_running() -> None:
     sim.step()
     assert sim.bm.num_used_blocks == 3
     a = sim.sched.abort("a")
-    assert a is not None and a.status == SequenceStatus.FINISHED_ABORTED and not a.block_table
+    assert a is not None and a.status == SequenceStatus.FINISHED and not a.block_table
+    assert a.finish_reason == FinishReason.ABORTED
     assert sim.bm.num_used_blocks == 0 and sim.sched.num_running == 0
     b = sim.sched.abort("b")
-    assert b is not None and b.status == SequenceStatus.FINISHED_ABORTED and sim.sched.num_waiting == 0
+    assert b is not None and b.status == SequenceStatus.FINISHED and sim.sched.num_waiting == 0
+    assert b.finish_reason == FinishReason.ABORTED
     assert sim.sched.abort("b") is None and not sim.sched.has_unfinished
     # Aborted between schedule() and complete(): the chunk is dropped.
     c = sim.add("c", 5)
