@@ -5,7 +5,8 @@ measured here (AMD EPYC, 2 threads) it runs the decode-sized GEMMs (64 rows) 1.2
 MKL's sgemm, which torch.mm uses, and a large square matmul at 212 against 176 GFLOP/s. A row's
 result does not depend on how many rows are in the batch, which seeded sampling relies on.
 Elsewhere (CUDA, other dtypes, a torch built without oneDNN, CONVEYOR_CPU_GEMM=torch) it is
-torch.mm on the plain weight.
+torch.mm on the plain weight, and so it is when oneDNN's ops (private to torch) give a result that
+differs from torch.mm's on a small matrix, checked once at load.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from typing import Any
 
 import torch
 
@@ -25,18 +27,58 @@ _PACK_ROWS = 64
 
 @functools.cache
 def onednn_available() -> bool:
-    """oneDNN's prepacked fp32 linear is usable in this torch build and not turned off."""
+    """oneDNN's prepacked fp32 linear is usable in this torch build, not turned off, and agrees
+    with torch.mm (checked once, at the first load)."""
     choice = os.environ.get(ENV, "onednn").strip().lower()
     if choice == "torch":
         return False
     if choice != "onednn":
         logger.warning("%s=%r is not 'torch' or 'onednn'; using oneDNN where it is available", ENV, choice)
-    ops = torch.ops.mkldnn
-    return (
+    return onednn_usable(torch.ops.mkldnn)
+
+
+def onednn_usable(ops: Any) -> bool:
+    """Whether `ops` (torch.ops.mkldnn, or a stand-in in tests) has the prepacked linear and its
+    results match torch's; logs why not when it has the ops but they cannot be trusted."""
+    if not (
         torch.backends.mkldnn.is_available()
         and hasattr(ops, "_linear_pointwise")
         and hasattr(ops, "_reorder_linear_weight")
-    )
+    ):
+        return False
+    reason = onednn_mismatch(ops)
+    if reason is not None:
+        logger.warning("not using oneDNN's prepacked linear, using torch.mm instead: %s", reason)
+        return False
+    return True
+
+
+def onednn_mismatch(ops: Any) -> str | None:
+    """Why the ops' results differ from torch.mm/addmm on a small matrix, or None when they agree.
+
+    `_linear_pointwise` and `_reorder_linear_weight` are private torch ops, free to change meaning
+    between releases: both calls Linear makes (plain and with a residual) are checked.
+    """
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 48, generator=g)
+    weight = torch.randn(24, 48, generator=g)
+    bias = torch.randn(24, generator=g)
+    h = torch.randn(5, 24, generator=g)
+    want = torch.addmm(bias, x, weight.t())
+    try:
+        packed = ops._reorder_linear_weight(weight, _PACK_ROWS)
+        got = ops._linear_pointwise(x, packed, bias, "none", [], "")
+        got_residual = ops._linear_pointwise.binary(x, h, packed, bias, "add")
+    except Exception as exc:  # noqa: BLE001 - any failure means: do not use it
+        return f"the op failed on a 5x48 test matrix ({type(exc).__name__}: {exc})"
+    for name, out, ref in (("linear", got, want), ("linear + residual", got_residual, h + want)):
+        if not isinstance(out, torch.Tensor) or out.shape != ref.shape:
+            shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            return f"{name} on a 5x48 test matrix gave shape {shape}, torch {tuple(ref.shape)}"
+        error = (out - ref).abs().max().item()
+        if not error <= 1e-4 * (1 + ref.abs().max().item()):  # also catches NaN
+            return f"{name} on a 5x48 test matrix differs from torch.mm by up to {error:.3g}"
+    return None
 
 
 class Linear:

@@ -1,0 +1,104 @@
+"""engine.model.linear: oneDNN's private ops are used only when they agree with torch.mm."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+
+from engine.model import linear
+from engine.model.linear import Linear, onednn_available, onednn_mismatch, onednn_usable
+
+Op = Callable[..., torch.Tensor]
+
+
+def _mm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    return torch.mm(x, w.t()) if b is None else torch.addmm(b, x, w.t())
+
+
+class _Pointwise:
+    """A stand-in for torch.ops.mkldnn._linear_pointwise on an unpacked weight."""
+
+    def __init__(self, plain: Op | None = None, residual: Op | None = None) -> None:
+        self.plain = plain or (lambda x, w, b, *_: _mm(x, w, b))
+        self.residual = residual or (lambda x, h, w, b, _: h + _mm(x, w, b))
+
+    def __call__(self, *args: object) -> torch.Tensor:
+        return self.plain(*args)
+
+    def binary(self, *args: object) -> torch.Tensor:
+        return self.residual(*args)
+
+
+class _Ops:
+    def __init__(self, pointwise: _Pointwise) -> None:
+        self._linear_pointwise = pointwise
+
+    @staticmethod
+    def _reorder_linear_weight(weight: torch.Tensor, rows: int) -> torch.Tensor:
+        return weight  # "packed" is the plain weight: _Pointwise multiplies by it as it is
+
+
+def _raise(*_: object) -> torch.Tensor:
+    raise RuntimeError("could not create a primitive")
+
+
+WRONG = {
+    "off by 0.01": _Pointwise(plain=lambda x, w, b, *_: _mm(x, w, b) + 0.01),
+    "bias dropped": _Pointwise(plain=lambda x, w, b, *_: _mm(x, w, None)),
+    "residual not added": _Pointwise(residual=lambda x, h, w, b, _: _mm(x, w, b)),
+    "NaN": _Pointwise(plain=lambda x, w, b, *_: torch.full((x.shape[0], w.shape[0]), float("nan"))),
+    "transposed": _Pointwise(plain=lambda x, w, b, *_: _mm(x, w, b).t()),
+    "raises": _Pointwise(plain=_raise),
+}
+
+
+@pytest.fixture
+def mkldnn_build(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """As if torch were built with oneDNN, so the result check is what decides."""
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: True)
+    yield
+
+
+def test_agreeing_ops_are_used(mkldnn_build: None) -> None:
+    assert onednn_mismatch(_Ops(_Pointwise())) is None
+    assert onednn_usable(_Ops(_Pointwise()))
+
+
+@pytest.mark.parametrize("case", list(WRONG))
+def test_wrong_results_fall_back_to_mm(
+    case: str, mkldnn_build: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    ops = _Ops(WRONG[case])
+    reason = onednn_mismatch(ops)
+    assert reason is not None and "5x48" in reason
+    with caplog.at_level(logging.WARNING, logger=linear.__name__):
+        assert not onednn_usable(ops)
+    assert "using torch.mm instead" in caplog.text and reason in caplog.text
+
+
+def test_a_wrong_op_at_load_leaves_linear_on_mm(
+    mkldnn_build: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The whole decision, as a model load meets it: Linear packs nothing and computes with torch."""
+    monkeypatch.delenv(linear.ENV, raising=False)
+    monkeypatch.setattr(torch.ops, "mkldnn", _Ops(WRONG["off by 0.01"]))
+    onednn_available.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger=linear.__name__):
+            layer = Linear(torch.randn(8, 16), torch.randn(8))
+        assert not layer.packed
+        assert "differs from torch.mm" in caplog.text
+        x = torch.randn(3, 16)
+        torch.testing.assert_close(layer(x), torch.addmm(layer.bias, x, layer.weight.t()))
+    finally:
+        monkeypatch.undo()
+        onednn_available.cache_clear()
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch build has no oneDNN")
+def test_this_torch_builds_ops_agree() -> None:
+    """The real private ops pass the check here, so the CPU path is the fast one."""
+    assert onednn_mismatch(torch.ops.mkldnn) is None
