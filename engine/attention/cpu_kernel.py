@@ -6,7 +6,8 @@ second. It is built with -march=native, so the directory is keyed by the CPU's f
 cache shared between different machines never hands one a binary for the other's instructions.
 
 CONVEYOR_CPU_ATTENTION=torch turns it off. If it cannot be built (no C++ compiler, no Python
-headers) the engine logs a warning and keeps the torch attention path: slower, never broken.
+headers) the engine logs a warning and keeps the torch attention path: slower, never broken;
+`unavailable_reason()` says why.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import hashlib
 import logging
 import os
 import platform
+import shutil
 import time
 from pathlib import Path
 from types import ModuleType
@@ -26,6 +28,8 @@ logger = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).with_name("paged_decode.cpp")
 ENV = "CONVEYOR_CPU_ATTENTION"
+INSTALL_HINT = "install a C++ compiler and the Python headers (e.g. apt-get install g++ python3-dev)"
+_unavailable: str | None = None  # why the last load() gave None
 
 
 def _cpu_tag() -> str:
@@ -48,8 +52,11 @@ def _build_dir() -> Path:
 @functools.cache
 def load() -> ModuleType | None:
     """The compiled module, or None when it is turned off or cannot be built (logged once)."""
+    global _unavailable
+    _unavailable = None
     choice = os.environ.get(ENV, "kernel").strip().lower()
     if choice == "torch":
+        _unavailable = f"turned off by {ENV}=torch (unset it to use the kernel)"
         return None
     if choice != "kernel":
         logger.warning("%s=%r is not 'torch' or 'kernel'; using the kernel", ENV, choice)
@@ -70,18 +77,31 @@ def load() -> ModuleType | None:
             verbose=False,
         )
     except Exception as exc:  # noqa: BLE001 - any build failure must leave the torch path working
+        _unavailable = f"{_build_failure(exc)}; {INSTALL_HINT}"
         logger.warning(
-            "could not build the CPU attention kernel, using the slower torch attention (%s: %s). "
-            "Install a C++ compiler and the Python headers (e.g. apt-get install g++ python3-dev), "
+            "could not build the CPU attention kernel, using the slower torch attention (%s), "
             "or set %s=torch to skip the attempt.",
-            type(exc).__name__,
-            str(exc).strip().splitlines()[-1] if str(exc).strip() else "",
+            _unavailable,
             ENV,
         )
         return None
     if fresh:
         logger.info("CPU attention kernel compiled in %.0f s", time.perf_counter() - t0)
     return module
+
+
+def unavailable_reason() -> str | None:
+    """Why load() gives None and what to do about it (None when the kernel is built)."""
+    load()
+    return _unavailable
+
+
+def _build_failure(exc: Exception) -> str:
+    cxx = os.environ.get("CXX", "c++")  # the compiler torch's cpp_extension runs
+    if shutil.which(cxx) is None:
+        return f"no C++ compiler: {cxx!r} is not on PATH"
+    message = str(exc).strip()
+    return f"{type(exc).__name__}: {message.splitlines()[-1] if message else ''}"
 
 
 def paged_decode(
