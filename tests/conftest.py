@@ -1,5 +1,10 @@
-"""Shared fixtures: a real redis-server (the embedded valkey binary) on a free port, and the whole
-service (api + worker as real processes) for end-to-end tests."""
+"""Shared fixtures: real Redis servers (the embedded valkey binary) on free ports, and the whole
+service (api + worker as real processes) for end-to-end tests.
+
+Two servers, so that no test wipes state a running service uses: `redis_server` is for the tests
+that own their state for one test (the `redis` fixture flushes it before each); `services_redis`
+holds the session- and module-scoped services (each under its own key prefix) and is never
+flushed."""
 
 from __future__ import annotations
 
@@ -21,13 +26,24 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
+    """The Redis of per-test state: flushed by `redis` before each test that asks for it; a
+    long-lived service must not use it (see `services_redis`)."""
     server = EmbeddedRedis(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def services_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
+    """The Redis of the services that outlive one test; nothing flushes it."""
+    server = EmbeddedRedis(tmp_path_factory.mktemp("services-redis")).start()
     yield server
     server.stop()
 
 
 @pytest.fixture
 async def redis(redis_server: EmbeddedRedis):  # type: ignore[no-untyped-def]
+    """An async client of `redis_server`, emptied first: the test starts from nothing."""
     from redis.asyncio import Redis
 
     client = Redis.from_url(redis_server.url, decode_responses=True)
@@ -50,7 +66,9 @@ class RunningService:
 
 
 def start_service(tmp: Path, redis_url: str, extra_env: dict[str, str] | None = None,
-                  workers: int = 1) -> RunningService:
+                  workers: int = 1, webhook_workers: int = 0) -> RunningService:
+    """The api, `workers` engine workers and `webhook_workers` webhook delivery processes, under a
+    key prefix of their own; returns once the api answers /health."""
     port = free_port()
     env = {
         **os.environ,
@@ -63,9 +81,13 @@ def start_service(tmp: Path, redis_url: str, extra_env: dict[str, str] | None = 
     }
     processes: dict[str, subprocess.Popen[bytes]] = {}
     metrics_ports = {f"worker{i}": free_port() for i in range(workers)}
-    for name, role in [*((f"worker{i}", "worker") for i in range(workers)), ("api", "api")]:
+    roles = [*((f"worker{i}", "worker") for i in range(workers)),
+             *((f"webhooks{i}", "webhooks") for i in range(webhook_workers)), ("api", "api")]
+    for name, role in roles:
         log = open(tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
         own = {"CONVEYOR_WORKER_METRICS_PORT": str(metrics_ports[name])} if name in metrics_ports else {}
+        if role == "webhooks":
+            own = {"CONVEYOR_WEBHOOK_METRICS_PORT": "0"}
         processes[name] = subprocess.Popen(
             [sys.executable, "-m", "launcher.cli", role], env={**env, **own}, cwd=REPO, stdout=log, stderr=log
         )
@@ -129,10 +151,10 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, default_model_dir: 
 
 
 @pytest.fixture(scope="session")
-def service(tmp_path_factory: pytest.TempPathFactory, redis_server: EmbeddedRedis,
+def service(tmp_path_factory: pytest.TempPathFactory, services_redis: EmbeddedRedis,
             default_model_dir: Path) -> Iterator[RunningService]:
     """api + one worker with the real default model."""
-    running = start_service(tmp_path_factory.mktemp("service"), redis_server.url,
+    running = start_service(tmp_path_factory.mktemp("service"), services_redis.url,
                             {"CONVEYOR_MODEL": str(default_model_dir)})
     yield running
     stop_service(running)

@@ -1,5 +1,6 @@
 """Services for the api tests: the real api and worker processes on a tiny random Llama (fast),
-and an api with no worker at all (jobs stay queued: limits, idempotency, listing, cancel)."""
+an api with no worker at all (jobs stay queued: limits, idempotency, listing, cancel), and one
+with its knobs turned away from the defaults; helpers that wait on what they name."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from redis import Redis
 
 from launcher.redis_server import EmbeddedRedis
+from schemas.keys import Keys
+from schemas.worker import WorkerInfo
 from tests.conftest import RunningService, start_service, stop_service
 from tests.receiver import Receiver
 
@@ -33,6 +37,34 @@ def keys_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+TERMINAL = {"succeeded", "failed", "cancelled", "expired"}
+
+
+def until(predicate, what: str, timeout: float = 60):  # type: ignore[no-untyped-def]
+    """predicate()'s first truthy value, polled; fails naming `what` past the (generous) timeout,
+    which bounds a hang, not the speed of the machine."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"not within {timeout}s: {what}"
+        time.sleep(0.02)
+    return value
+
+
+def redis_of(service: RunningService) -> Redis:
+    return Redis.from_url(service.redis_url, decode_responses=True)
+
+
+def keys_of(service: RunningService) -> Keys:
+    return Keys(service.env["CONVEYOR_KEY_PREFIX"])
+
+
+def blocks_used(service: RunningService) -> int:
+    """KV blocks held by sequences, from the (one) worker's heartbeat (engine stats)."""
+    with redis_of(service) as redis:
+        [key] = list(redis.scan_iter(match=keys_of(service).workers_pattern))
+        return WorkerInfo.model_validate_json(redis.get(key)).load.blocks_used
+
+
 def wait_ready(service: RunningService, timeout: float = 180) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -51,11 +83,11 @@ def otlp_collector() -> Iterator[Receiver]:
 
 
 @pytest.fixture(scope="session")
-def tiny_service(tmp_path_factory: pytest.TempPathFactory, redis_server: EmbeddedRedis, tiny_model_dir: Path,
-                 keys_file: Path, otlp_collector: Receiver) -> Iterator[RunningService]:
+def tiny_service(tmp_path_factory: pytest.TempPathFactory, services_redis: EmbeddedRedis,
+                 tiny_model_dir: Path, keys_file: Path, otlp_collector: Receiver) -> Iterator[RunningService]:
     """api + one worker on the tiny model, with API keys (tenants alice, bob, ...), tracing to
     `otlp_collector`, JSON logs."""
-    running = start_service(tmp_path_factory.mktemp("tiny"), redis_server.url, {
+    running = start_service(tmp_path_factory.mktemp("tiny"), services_redis.url, {
         "CONVEYOR_MODEL": str(tiny_model_dir),
         "CONVEYOR_API_KEYS_FILE": str(keys_file),
         "CONVEYOR_KV_CACHE_MEMORY": "16MiB",
@@ -74,10 +106,10 @@ def tiny_service(tmp_path_factory: pytest.TempPathFactory, redis_server: Embedde
 
 
 @pytest.fixture(scope="session")
-def queue_service(tmp_path_factory: pytest.TempPathFactory, redis_server: EmbeddedRedis, tiny_model_dir: Path,
-                  keys_file: Path) -> Iterator[RunningService]:
+def queue_service(tmp_path_factory: pytest.TempPathFactory, services_redis: EmbeddedRedis,
+                  tiny_model_dir: Path, keys_file: Path) -> Iterator[RunningService]:
     """The api alone (no worker): every job stays queued until cancelled or expired."""
-    running = start_service(tmp_path_factory.mktemp("queue"), redis_server.url, {
+    running = start_service(tmp_path_factory.mktemp("queue"), services_redis.url, {
         "CONVEYOR_MODEL": str(tiny_model_dir),
         "CONVEYOR_API_KEYS_FILE": str(keys_file),
         "CONVEYOR_MAX_CONCURRENT_REQUESTS_PER_TENANT": "3",
@@ -87,5 +119,35 @@ def queue_service(tmp_path_factory: pytest.TempPathFactory, redis_server: Embedd
         "CONVEYOR_WEBHOOK_SECRETS": f"alice={ALICE_SECRET}",  # bob has none: his webhooks are refused
         "CONVEYOR_WEBHOOK_ALLOW": "backend.example",  # trusted by name: no DNS lookup in the tests
     }, workers=0)
+    yield running
+    stop_service(running)
+
+
+# Away from every default, so a value read back can only have come from the settings.
+KNOBS = {
+    "CONVEYOR_GENERATE_PROMPT_FORMAT": "raw",
+    "CONVEYOR_IDEMPOTENCY_TTL": "2",
+    "CONVEYOR_SSE_KEEPALIVE_S": "0.3",
+    "CONVEYOR_SERVED_MODEL_NAME": "tiny-knobs",
+    "CONVEYOR_MAX_CONCURRENT_REQUESTS": "77",
+    "CONVEYOR_MAX_STOP_SEQUENCES": "3",
+    "CONVEYOR_MAX_INPUT_TOKENS": "1000",
+    "CONVEYOR_MAX_TOTAL_TOKENS": "2000",
+    "CONVEYOR_MAX_TOP_N_TOKENS": "4",
+    "CONVEYOR_MAX_BATCH_PREFILL_TOKENS": "1024",
+    "CONVEYOR_MAX_BATCH_TOTAL_TOKENS": "30000",
+    "CONVEYOR_MAX_BATCH_SIZE": "64",
+    "CONVEYOR_MAX_WAITING_TOKENS": "7",
+    "CONVEYOR_WAITING_SERVED_RATIO": "0.5",
+}
+
+
+@pytest.fixture(scope="session")
+def knobs_service(tmp_path_factory: pytest.TempPathFactory, services_redis: EmbeddedRedis,
+                  tiny_model_dir: Path, keys_file: Path) -> Iterator[RunningService]:
+    """The api alone (no worker: jobs stay queued) with KNOBS: raw prompts, a 2 s Idempotency-Key
+    TTL, SSE keep-alives every 0.3 s, limits away from their defaults."""
+    running = start_service(tmp_path_factory.mktemp("knobs"), services_redis.url, {
+        "CONVEYOR_MODEL": str(tiny_model_dir), "CONVEYOR_API_KEYS_FILE": str(keys_file), **KNOBS}, workers=0)
     yield running
     stop_service(running)

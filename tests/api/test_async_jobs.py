@@ -6,7 +6,7 @@ import time
 
 import httpx
 
-from tests.api.conftest import auth
+from tests.api.conftest import TERMINAL, auth, blocks_used, until
 from tests.api.sse import events
 
 LONG = {"inputs": "Count forever", "parameters": {"max_new_tokens": 1500}}
@@ -87,15 +87,17 @@ def test_resume_with_last_event_id_while_running_and_after(tiny_service) -> None
     assert read_events(tiny_service, job_id, last_event_id=ids[-1]) == []  # seen the end: nothing more
 
 
-def test_delete_running_job_cancels_it_within_a_second(tiny_service) -> None:  # type: ignore[no-untyped-def]
+def test_delete_running_job_cancels_it(tiny_service) -> None:  # type: ignore[no-untyped-def]
     job_id = submit(tiny_service, LONG).json()["id"]
     read_events(tiny_service, job_id, stop_after=2)  # it is generating
-    started = time.monotonic()
     r = httpx.delete(tiny_service.base_url + f"/v1/jobs/{job_id}", headers=auth("alice"), timeout=30)
     assert r.status_code in (200, 202), r.text
-    job = wait_status(tiny_service, job_id, {"cancelled", "succeeded", "failed"}, timeout=1.0)
-    assert job["status"] == "cancelled" and time.monotonic() - started < 1.0
-    assert job["cancel_requested"] and job["result"]["finish_reason"] == "cancelled"
+    job = wait_status(tiny_service, job_id, TERMINAL)
+    # ended by the cancel, not by running out of tokens; its KV blocks are back
+    assert job["status"] == "cancelled" and job["cancel_requested"], job
+    assert job["result"]["finish_reason"] == "cancelled"
+    assert job["result"]["usage"]["completion_tokens"] < LONG["parameters"]["max_new_tokens"]
+    until(lambda: blocks_used(tiny_service) == 0, "the worker freed the job's KV blocks")
     again = httpx.delete(tiny_service.base_url + f"/v1/jobs/{job_id}", headers=auth("alice"), timeout=30)
     assert again.status_code == 200 and again.json()["status"] == "cancelled"  # terminal: unchanged
     assert read_events(tiny_service, job_id)[-1][1]["final"]
