@@ -43,7 +43,7 @@ from launcher.redis_server import EmbeddedRedis  # noqa: E402
 from schemas.job import JobSpec, StoppingSpec  # noqa: E402
 from schemas.keys import Keys  # noqa: E402
 from schemas.settings import Settings  # noqa: E402
-from worker.service import Worker  # noqa: E402
+from worker.runner import Worker  # noqa: E402
 
 
 def log(message: str) -> None:

@@ -26,19 +26,9 @@ from engine.params import SamplingParams, StoppingParams
 from engine.sampler import Sampler
 from engine.scheduler import Scheduler
 from engine.sequence import FinishReason, Sequence
+from schemas.worker import EngineLoad  # torch-free: the heartbeat and metrics read the same type
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True, frozen=True)
-class EngineStats:
-    running: int
-    waiting: int
-    blocks_used: int
-    blocks_free: int
-    prefix_cache_hit_rate: float
-    preemptions: int
-    steps: int
 
 
 @dataclass(slots=True, frozen=True)
@@ -240,9 +230,9 @@ class Engine:
         total = sum(t[1] for t in rows)
         return 1.0 - sum(t[2] for t in rows) / total if total else 0.0
 
-    def stats(self) -> EngineStats:
+    def stats(self) -> EngineLoad:
         bm = self.block_manager
-        return EngineStats(
+        return EngineLoad(
             running=self.scheduler.num_running,
             waiting=self.scheduler.num_waiting,
             blocks_used=bm.num_used_blocks,

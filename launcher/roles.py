@@ -55,14 +55,14 @@ def engine_config(settings: Settings):  # type: ignore[no-untyped-def]
 
 
 def run_worker(settings: Settings, worker_id: str | None) -> int:
-    from redis.asyncio import Redis
     from redis.exceptions import ConnectionError as RedisConnectionError
 
     from engine.engine import Engine
     from telemetry import prom
     from telemetry.logs import bind
     from telemetry.tracing import Tracing
-    from worker.service import Worker, new_worker_id
+    from worker.outage import connect
+    from worker.runner import Worker, new_worker_id
 
     if not settings.redis_url:
         raise SystemExit("conveyor worker: set REDIS_URL (or use `conveyor serve`, which starts Redis)")
@@ -73,7 +73,7 @@ def run_worker(settings: Settings, worker_id: str | None) -> int:
     tracing = Tracing.from_settings(settings, "conveyor-worker")
 
     async def main() -> None:
-        redis = Redis.from_url(settings.redis_url, decode_responses=True)  # type: ignore[arg-type]
+        redis = connect(settings.redis_url)  # type: ignore[arg-type]  # its retry policy: worker/outage.py
         worker = Worker(settings, engine, redis, worker_id, settings.served_model_name or source.model_id,
                         tracing)
         if settings.worker_metrics_port:

@@ -106,6 +106,22 @@ class JobResult(BaseModel):
     error: str | None = None
     timings: Timings | None = None
 
+    @classmethod
+    def final(cls, status: JobStatus, *, reason: str | None = None, error: str | None = None,
+              generated_text: str = "", usage: Usage | None = None, seed: int | None = None) -> JobResult:
+        """A job's final result, wherever it ends (worker or api). `finish_reason` follows the status:
+        the engine's `reason` for a success, `error` for a failure, else the status itself."""
+        if not status.is_terminal:
+            raise ValueError(f"a final result needs a terminal status, not {status.value}")
+        if status is JobStatus.SUCCEEDED:
+            if reason is None:
+                raise ValueError("a succeeded job's result needs the engine's finish reason")
+            finish_reason = reason
+        else:
+            finish_reason = "error" if status is JobStatus.FAILED else status.value
+        return cls(status=status, generated_text=generated_text, finish_reason=finish_reason, usage=usage,
+                   seed=seed, error=error)
+
 
 class JobEvent(BaseModel):
     """One entry of a job's event stream and pub/sub channel.
@@ -121,6 +137,11 @@ class JobEvent(BaseModel):
     final: bool = False
     result: JobResult | None = None
     at: float | None = None  # epoch seconds when the worker published it (the relay measures its lag)
+
+    @classmethod
+    def ending(cls, index: int, result: JobResult) -> JobEvent:
+        """The final event of a job that ends without a token of its own; `index`: tokens before it."""
+        return cls(index=index, final=True, result=result)
 
 
 # Fields of the job record hash.

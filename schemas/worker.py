@@ -1,13 +1,19 @@
 """What a worker says about itself in its heartbeat key (Keys.worker): who it is, what it serves,
-and how full its engine is. The api's /info and readiness can read it; tests read the KV stats."""
+and how full its engine is. The api's /info and readiness can read it; tests read the KV stats.
+
+Torch-free on purpose: the engine returns `EngineLoad` from `Engine.stats()`, so the heartbeat, the
+worker's metrics and the engine share one type."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 
 class EngineLoad(BaseModel):
-    """The engine's counters at the last step."""
+    """The engine's counters at the last step (`Engine.stats()`); immutable, so any thread may read
+    the one the engine thread last published."""
+
+    model_config = ConfigDict(frozen=True)
 
     running: int = 0
     waiting: int = 0

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from api.metrics import ApiMetrics
-from engine.engine import EngineStats
+from schemas.worker import EngineLoad
 from telemetry.prom import render
 from webhooks.metrics import DeliveryMetrics
 from worker.metrics import WorkerMetrics
@@ -17,8 +17,7 @@ DASHBOARD = Path(__file__).resolve().parents[1] / "deploy" / "grafana" / "convey
 
 
 def exported() -> set[str]:
-    stats = EngineStats(running=0, waiting=0, blocks_used=0, blocks_free=8, prefix_cache_hit_rate=0.0,
-                        preemptions=0, steps=0)
+    stats = EngineLoad(blocks_free=8)
     names: set[str] = set()
     for registry in (ApiMetrics().registry, WorkerMetrics(lambda: stats, lambda: 0, 16).registry,
                      DeliveryMetrics().registry):

@@ -16,9 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.engine import Engine, EngineStats, StepInfo
+from engine.engine import Engine, StepInfo
 from engine.events import TokenEvent
 from engine.params import SamplingParams, StoppingParams
+from schemas.worker import EngineLoad
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ class EngineThread:
         self._on_step = on_step  # called on the engine thread after each forward: keep it cheap
         self._loop = loop
         self._on_output = on_output
-        self.stats: EngineStats = engine.stats()  # as of the last step; read from any thread
+        self.stats: EngineLoad = engine.stats()  # as of the last step; read from any thread
         self._on_error = on_error
         self._commands: queue.SimpleQueue[list[AddCommand] | AbortCommand | None] = queue.SimpleQueue()
         self._pending_adds = 0  # added but not yet seen by the engine: counts against capacity

@@ -1,4 +1,4 @@
-"""From stream entries to engine requests (DESIGN.md §1 steps 3, 7, 8).
+"""From stream entries to engine requests (docs/design.md §1 steps 3, 7, 8).
 
 A worker takes each entry it read or reclaimed: it becomes the job's owner (the record's `worker`
 field), reads the job's event stream, and decides. A job already finished is only acknowledged; one
@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 from redis.asyncio import Redis
 
-from engine.params import SamplingParams, StoppingParams
 from schemas.job import JobEvent, JobResult, JobSpec, JobStatus, RecordField, Usage
 from schemas.keys import Keys
+from worker.convert import engine_request
 from worker.engine_thread import AddCommand
-from worker.publisher import InFlight, Publisher
+from worker.owned import InFlight
+from worker.publisher import Publisher
 from worker.scripts import Scripts
 
 if TYPE_CHECKING:
@@ -63,22 +64,6 @@ class Taken:
 
     def partial_text(self) -> str:
         return "".join(e.token.text for e in self.tokens if e.token is not None and not e.token.special)
-
-
-def engine_params(spec: JobSpec, seed: int | None) -> tuple[SamplingParams, StoppingParams]:
-    s = spec.sampling
-    sampling = SamplingParams(
-        do_sample=s.do_sample, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-        typical_p=s.typical_p, repetition_penalty=s.repetition_penalty,
-        frequency_penalty=s.frequency_penalty, presence_penalty=s.presence_penalty,
-        seed=seed, top_n_tokens=s.top_n_tokens,
-    )
-    stopping = StoppingParams(
-        max_new_tokens=spec.stopping.max_new_tokens,
-        stop=tuple(spec.stopping.stop),
-        ignore_eos=spec.stopping.ignore_eos,
-    )
-    return sampling, stopping
 
 
 def parse(entry: Entry) -> JobSpec | str:
@@ -179,24 +164,18 @@ class Intake:
 
     def _end(self, t: Taken, status: JobStatus, error: str | None = None) -> JobEvent:
         tokens = t.tokens
-        result = JobResult(
-            status=status, generated_text=t.partial_text(), finish_reason="error" if error else status.value,
-            usage=Usage(prompt_tokens=len(t.spec.prompt_ids), completion_tokens=len(tokens)),
-            seed=t.seed, error=error,
+        result = JobResult.final(
+            status, error=error, generated_text=t.partial_text(),
+            usage=Usage(prompt_tokens=len(t.spec.prompt_ids), completion_tokens=len(tokens)), seed=t.seed,
         )
-        return JobEvent(index=len(tokens), final=True, result=result)
+        return JobEvent.ending(len(tokens), result)
 
     def _command(self, t: Taken) -> AddCommand:
         if t.seed is None and t.spec.sampling.do_sample:
             # Fixed now and kept in the record: a resumed job draws token i from (seed, i) again.
             t.seed = random.getrandbits(63)
-        sampling, stopping = engine_params(t.spec, t.seed)
         generated = [e.token.id for e in t.tokens if e.token is not None]
-        return AddCommand(
-            t.job.job_id, t.spec.prompt_ids, sampling, stopping, t.spec.priority,
-            # A deadline bounds the wait in the queue; a job that another worker started has left it.
-            deadline=t.spec.deadline if t.status is JobStatus.QUEUED else None, generated=generated,
-        )
+        return engine_request(t.spec, t.seed, generated, queued=t.status is JobStatus.QUEUED)
 
     async def _mark_started(self, starts: list[tuple[Taken, AddCommand]]) -> None:
         pipe = self.redis.pipeline(transaction=False)

@@ -1,15 +1,16 @@
-"""Ownership of jobs across a fleet (DESIGN.md §1 step 8).
+"""Ownership of jobs across a fleet (docs/design.md §1 step 8).
 
 A job read from the consumer group is pending for its worker until acknowledged; its idle time is
 the lease. A live worker renews its jobs' leases at every heartbeat (an XCLAIM to itself, only of
 entries still its own), so a long generation is never taken over; every worker sweeps the group
-with XAUTOCLAIM for entries idle past the lease — their worker died or hung — and resumes them. The
-heartbeat key (a TTL of one lease) says who is alive and how loaded it is.
+for entries idle past the lease at two sweeps in a row — their worker died or hung — and resumes
+them. The heartbeat key (a TTL of one lease) says who is alive and how loaded it is.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from redis.asyncio import Redis
 
@@ -20,8 +21,6 @@ from worker.scripts import Scripts
 
 log = logging.getLogger(__name__)
 
-SCANS_PER_SWEEP = 8
-
 
 class Lease:
     def __init__(self, redis: Redis, keys: Keys, scripts: Scripts, worker_id: str, lease_ms: int) -> None:
@@ -30,7 +29,7 @@ class Lease:
         self.scripts = scripts
         self.worker_id = worker_id
         self.lease_ms = lease_ms
-        self._cursor = "0-0"  # where the next XAUTOCLAIM scan of the pending entries starts
+        self._suspects: list[str] = []  # entries the last sweep saw idle past the lease
 
     async def beat(self, info: WorkerInfo) -> None:
         await self.redis.set(self.keys.worker(self.worker_id), info.model_dump_json(), px=self.lease_ms)
@@ -61,21 +60,29 @@ class Lease:
             raise lost
         return set(lost)
 
-    async def reclaim(self, count: int) -> list[Entry]:
-        """Claim up to `count` entries idle past the lease, with their delivery counts.
+    def forget_suspects(self) -> None:
+        """After an outage, what the last sweep saw is stale: start over."""
+        self._suspects = []
 
-        XAUTOCLAIM scans the pending entries from a cursor, about 10 × COUNT per call; the cursor
-        is kept between sweeps, so a long list of healthy pending jobs costs a few calls per sweep,
-        not a full scan."""
+    async def reclaim(self, count: int) -> list[Entry]:
+        """Claim up to `count` entries idle past the lease at the previous sweep and still now.
+
+        Redis counts idle time by its own clock, which runs on through an outage (or a pause of
+        Redis itself): right after one, every live worker's jobs look abandoned until their owners
+        renew them, which each does first when Redis is back. So one sighting is not enough: an entry
+        seen idle past the lease becomes a suspect, and is claimed (XCLAIM with the lease as minimum
+        idle time, so one renewed meanwhile stays with its owner) only at the next sweep, a heartbeat
+        later. A dead worker's jobs wait one heartbeat more; a live one's are never taken."""
+        suspects, self._suspects = self._suspects[:count], []
         claimed: list[tuple[str, dict[str, str]]] = []
-        for _ in range(SCANS_PER_SWEEP):
-            self._cursor, entries, *_deleted = await self.redis.xautoclaim(
-                self.keys.jobs_stream, WORKER_GROUP, self.worker_id, self.lease_ms, self._cursor,
-                count=count - len(claimed),
-            )
-            claimed.extend((entry_id, fields) for entry_id, fields in entries if fields)
-            if self._cursor == "0-0" or len(claimed) >= count:
-                break
+        if suspects:
+            replies: list[tuple[str | None, dict[str, str] | None]] = await self.redis.xclaim(  # type: ignore[assignment]
+                self.keys.jobs_stream, WORKER_GROUP, self.worker_id, self.lease_ms, suspects)  # type: ignore[arg-type]
+            # A suspect deleted from the stream meanwhile comes back empty: nothing to run.
+            claimed = [(entry_id, fields) for entry_id, fields in replies if entry_id and fields]
+        rows: list[dict[str, Any]] = await self.redis.xpending_range(  # type: ignore[assignment]
+            self.keys.jobs_stream, WORKER_GROUP, "-", "+", count, idle=self.lease_ms)
+        self._suspects = [row["message_id"] for row in rows]
         if not claimed:
             return []
         pipe = self.redis.pipeline(transaction=False)
@@ -87,5 +94,6 @@ class Lease:
             if rows and rows[0]["consumer"] == self.worker_id:
                 out.append(Entry(entry_id, fields, int(rows[0]["times_delivered"])))
         if out:
-            log.warning("reclaimed %d job(s) idle for more than %d ms", len(out), self.lease_ms)
+            log.warning("reclaimed %d job(s) idle for more than %d ms at two sweeps in a row", len(out),
+                        self.lease_ms)
         return out

@@ -15,8 +15,9 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from engine.engine import EngineStats, StepInfo
+from engine.engine import StepInfo
 from schemas.job import JobResult, JobStatus
+from schemas.worker import EngineLoad
 from telemetry.prom import new_registry
 
 SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -29,7 +30,7 @@ FAILURE_ERR = {JobStatus.FAILED: "generation", JobStatus.CANCELLED: "cancelled",
 class _Engine(Collector):
     """Gauges of the engine at scrape time."""
 
-    def __init__(self, stats: Callable[[], EngineStats], jobs: Callable[[], int], block_size: int) -> None:
+    def __init__(self, stats: Callable[[], EngineLoad], jobs: Callable[[], int], block_size: int) -> None:
         self.stats = stats
         self.jobs = jobs
         self.block_size = block_size
@@ -57,7 +58,7 @@ class _Engine(Collector):
 
 
 class WorkerMetrics:
-    def __init__(self, stats: Callable[[], EngineStats], jobs: Callable[[], int], block_size: int) -> None:
+    def __init__(self, stats: Callable[[], EngineLoad], jobs: Callable[[], int], block_size: int) -> None:
         r = self.registry = new_registry()
         self.success = Counter("tgi_request_success", "Jobs that succeeded", registry=r)
         self.failure = Counter("tgi_request_failure", "Jobs that ended otherwise (err: generation = "

@@ -12,7 +12,7 @@ from schemas.job import JobResult, JobSpec
 from telemetry.tracing import Tracing
 from webhooks.enqueue import WebhookQueue
 from worker.metrics import WorkerMetrics
-from worker.publisher import InFlight
+from worker.owned import InFlight
 
 log = logging.getLogger("worker.jobs")
 

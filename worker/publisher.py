@@ -15,79 +15,19 @@ from typing import TYPE_CHECKING
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
-from engine.events import TokenEvent
-from engine.sequence import FinishReason
-from schemas.job import EventToken, JobEvent, JobResult, JobSpec, JobStatus, Timings, Usage
+from schemas.job import JobEvent, JobResult
 from schemas.keys import DEAD_LETTER_MAXLEN, WORKER_GROUP, Keys, event_entry_id
+from worker.owned import InFlight
 from worker.scripts import Scripts
 
 if TYPE_CHECKING:
     from worker.observe import Observer
-
-_STATUS_BY_REASON = {
-    FinishReason.EOS: JobStatus.SUCCEEDED,
-    FinishReason.LENGTH: JobStatus.SUCCEEDED,
-    FinishReason.STOP_SEQUENCE: JobStatus.SUCCEEDED,
-    FinishReason.ABORTED: JobStatus.CANCELLED,
-    FinishReason.EXPIRED: JobStatus.EXPIRED,
-}
-
-
-@dataclass(slots=True)
-class InFlight:
-    """A job this worker owns: read from the stream (or reclaimed), not yet acknowledged."""
-
-    job_id: str
-    entry_id: str
-    created_at: float
-    deliveries: int = 1
-    tokens: int = 0  # tokens in its event stream so far
-    started_at: float | None = None
-    first_token_at: float | None = None
-    cancel_requested: bool = False
-    spec: JobSpec | None = None  # tenant, webhook, trace context: for what its end sets off
-
-    def timings(self, now: float) -> Timings:
-        def since(t: float | None) -> float | None:
-            return None if t is None else round(t - self.created_at, 6)
-
-        return Timings(queue_s=since(self.started_at), ttft_s=since(self.first_token_at),
-                       total_s=round(now - self.created_at, 6))
 
 
 @dataclass(slots=True)
 class Published:
     ended: list[InFlight] = field(default_factory=list)  # final record written, entry acknowledged
     lost: list[InFlight] = field(default_factory=list)  # owned by another worker now: stop running it
-
-
-def to_job_event(event: TokenEvent) -> JobEvent:
-    token = None
-    if event.token_id is not None:
-        token = EventToken(id=event.token_id, text=event.text, logprob=event.logprob, special=event.special)
-    result = None
-    if event.finish_reason is not None:
-        reason = event.finish_reason
-        status = _STATUS_BY_REASON[reason]
-        result = JobResult(
-            status=status,
-            generated_text=event.generated_text or "",
-            finish_reason=reason.value if status is JobStatus.SUCCEEDED else status.value,
-            usage=Usage(
-                prompt_tokens=event.num_prompt_tokens,
-                completion_tokens=event.num_generated_tokens,
-                cached_tokens=event.num_cached_tokens,
-            ),
-            seed=event.seed,
-        )
-    return JobEvent(
-        index=event.index,
-        token=token,
-        top_tokens=[EventToken(id=t.id, text=t.text, logprob=t.logprob, special=t.special)
-                    for t in event.top_tokens],
-        final=result is not None,
-        result=result,
-    )
 
 
 class Publisher:

@@ -84,6 +84,15 @@ class Jobs:
                 raise AssertionError(f"job {job_id}: fewer than {n} events after {timeout}s\n{self.logs()}")
             await asyncio.sleep(0.02)
 
+    async def wait_idle_past_lease(self, lease_ms: int, timeout: float = 60) -> None:
+        """Until Redis shows an entry idle for longer than `lease_ms`: a dead worker's lease ran out."""
+        deadline = time.monotonic() + timeout
+        while not await self.redis.xpending_range(self.keys.jobs_stream, WORKER_GROUP, "-", "+", 1,
+                                                  idle=lease_ms):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no entry idle past {lease_ms} ms after {timeout}s\n{self.logs()}")
+            await asyncio.sleep(0.05)
+
     async def pending(self) -> int:
         return int((await self.redis.xpending(self.keys.jobs_stream, WORKER_GROUP))["pending"])
 
@@ -153,14 +162,13 @@ def _prefix() -> str:
     return f"wt{uuid.uuid4().hex[:8]}"
 
 
-@pytest.fixture
-async def fleet(redis, redis_server: EmbeddedRedis, tiny_model_dir: Path,  # type: ignore[no-untyped-def]
-                tmp_path: Path) -> AsyncIterator[Fleet]:
+def new_fleet(redis: Redis, redis_url: str, model_dir: Path, log_dir: Path) -> Fleet:
+    """Worker processes on their own key prefix of the Redis at `redis_url` (`redis`: a client of it)."""
     prefix = _prefix()
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")},
-        "REDIS_URL": redis_server.url,
-        "CONVEYOR_MODEL": str(tiny_model_dir),
+        "REDIS_URL": redis_url,
+        "CONVEYOR_MODEL": str(model_dir),
         "CONVEYOR_KEY_PREFIX": prefix,
         "CONVEYOR_KV_CACHE_MEMORY": KV_CACHE,
         "CONVEYOR_JOB_LEASE_MS": str(LEASE_MS),
@@ -170,8 +178,14 @@ async def fleet(redis, redis_server: EmbeddedRedis, tiny_model_dir: Path,  # typ
         "CONVEYOR_WORKER_METRICS_PORT": "0",  # several workers on one host: no fixed port
         "OMP_NUM_THREADS": "1",  # two cores for everyone: workers must not fight over threads
     }
-    settings = Settings(redis_url=redis_server.url, key_prefix=prefix, max_concurrent_requests=100_000)
-    running = Fleet(redis, Keys(prefix), settings, env=env, log_dir=tmp_path)
+    settings = Settings(redis_url=redis_url, key_prefix=prefix, max_concurrent_requests=100_000)
+    return Fleet(redis, Keys(prefix), settings, env=env, log_dir=log_dir)
+
+
+@pytest.fixture
+async def fleet(redis, redis_server: EmbeddedRedis, tiny_model_dir: Path,  # type: ignore[no-untyped-def]
+                tmp_path: Path) -> AsyncIterator[Fleet]:
+    running = new_fleet(redis, redis_server.url, tiny_model_dir, tmp_path)
     yield running
     await asyncio.to_thread(running.stop)
 
@@ -192,9 +206,10 @@ class Local(Jobs):
     @asynccontextmanager
     async def worker(self, worker_id: str = "local", engine: Any = None,
                      **settings: Any) -> AsyncIterator[Any]:
-        from worker.service import Worker
+        from worker.outage import connect
+        from worker.runner import Worker
 
-        client = Redis.from_url(self.redis_url, decode_responses=True)
+        client = connect(self.redis_url)  # as `conveyor worker` makes it
         worker = Worker(self.settings.model_copy(update=settings), engine or self.engine(), client, worker_id)
         task = asyncio.create_task(worker.run())
         try:

@@ -5,6 +5,8 @@ thread keeps running."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 from engine.config import EngineConfig
 from engine.engine import Engine
@@ -22,13 +24,23 @@ async def next_output(outputs: asyncio.Queue[StepOutput]) -> StepOutput:
     return await asyncio.wait_for(outputs.get(), 30)
 
 
-async def test_abort_frees_blocks_before_the_next_step(tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
-    engine = Engine.from_pretrained(tiny_model_dir, EngineConfig(kv_cache_memory=8 << 20))
+@asynccontextmanager
+async def running(engine: Engine) -> AsyncIterator[tuple[EngineThread, asyncio.Queue[StepOutput]]]:
+    """The engine in its thread, with its outputs; the thread must not have failed when it stops."""
     outputs: asyncio.Queue[StepOutput] = asyncio.Queue()
     errors: list[BaseException] = []
     thread = EngineThread(engine, asyncio.get_running_loop(), outputs.put_nowait, errors.append)
     thread.start()
     try:
+        yield thread, outputs
+    finally:
+        thread.stop()
+    assert not errors
+
+
+async def test_abort_frees_blocks_before_the_next_step(tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
+    engine = Engine.from_pretrained(tiny_model_dir, EngineConfig(kv_cache_memory=8 << 20))
+    async with running(engine) as (thread, outputs):
         thread.add(command("stays", 3000))
         thread.add(command("goes", 3000))
         tokens = 0
@@ -57,18 +69,11 @@ async def test_abort_frees_blocks_before_the_next_step(tiny_model_dir) -> None: 
         while thread.stats.blocks_used:
             await next_output(outputs)
         assert thread.stats.running == 0
-    finally:
-        thread.stop()
-    assert not errors
 
 
 async def test_a_request_that_can_never_fit_is_refused_not_fatal(tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
     engine = Engine.from_pretrained(tiny_model_dir, EngineConfig(num_blocks=8))  # 128 tokens of KV
-    outputs: asyncio.Queue[StepOutput] = asyncio.Queue()
-    errors: list[BaseException] = []
-    thread = EngineThread(engine, asyncio.get_running_loop(), outputs.put_nowait, errors.append)
-    thread.start()
-    try:
+    async with running(engine) as (thread, outputs):
         thread.add(command("huge", 500))
         output = await next_output(outputs)
         assert [request_id for request_id, _ in output.rejected] == ["huge"]
@@ -79,6 +84,3 @@ async def test_a_request_that_can_never_fit_is_refused_not_fatal(tiny_model_dir)
         while not finals:
             finals = [e for e in (await next_output(outputs)).events if e.finish_reason is not None]
         assert finals[0].request_id == "small" and finals[0].finish_reason is FinishReason.LENGTH
-    finally:
-        thread.stop()
-    assert not errors

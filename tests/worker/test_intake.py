@@ -10,7 +10,8 @@ import time
 
 from schemas.job import JobEvent, JobStatus, RecordField
 from schemas.keys import WORKER_GROUP, event_entry_id
-from worker.publisher import InFlight, Publisher
+from worker.owned import InFlight
+from worker.publisher import Publisher
 from worker.scripts import Scripts
 
 PROMPT = [101, 2024, 318, 257, 1332, 13]
@@ -41,7 +42,7 @@ async def test_a_reclaimed_job_resumes_exactly_where_its_event_stream_ends(local
     await dead_worker_takes(local, job_id, reference_events[:k])  # k tokens written, the last unpublished
     pubsub = local.redis.pubsub()
     await pubsub.subscribe(local.keys.channel(job_id))  # a live subscriber that has seen up to k-2
-    await asyncio.sleep(local.settings.job_lease_ms / 1000)  # the dead worker's lease runs out
+    await local.wait_idle_past_lease(local.settings.job_lease_ms)  # the dead worker's lease ran out
     async with local.worker():
         result = await local.result(job_id)
     live: list[int] = []
@@ -73,9 +74,11 @@ async def test_a_finished_job_whose_ack_was_lost_is_only_acknowledged(local, mak
     publisher = Publisher(local.redis, local.keys, "dead", Scripts(local.redis), 60, 1000)
     await publisher.publish([(InFlight(job_id, "0-1", time.time()), e) for e in events])
     before = await local.record(job_id)
-    await asyncio.sleep(local.settings.job_lease_ms / 1000)
+    await local.wait_idle_past_lease(local.settings.job_lease_ms)
     async with local.worker():
-        while await local.pending():
+        deadline = time.monotonic() + 60
+        while await local.pending():  # reclaimed, found finished, acknowledged
+            assert time.monotonic() < deadline, "the finished job's entry was never acknowledged"
             await asyncio.sleep(0.05)
     after = await local.record(job_id)
     assert after[RecordField.RESULT] == before[RecordField.RESULT]
@@ -145,8 +148,10 @@ async def test_heartbeat_says_who_the_worker_is_and_how_full(local, make_spec) -
     async with local.worker("w-info") as worker:
         job_id = await local.submit(make_spec(PROMPT, max_new_tokens=3000))
         await local.wait_events(job_id, 10)
-        await asyncio.sleep(3 * local.settings.heartbeat_interval_ms / 1000)
-        busy = await local.info("w-info")
+        deadline = time.monotonic() + 60
+        while (busy := await local.info("w-info")).load.running == 0:  # a heartbeat from while it runs
+            assert time.monotonic() < deadline, f"no heartbeat shows the running job: {busy}"
+            await asyncio.sleep(0.02)
         ttl = await local.redis.pttl(local.keys.worker("w-info"))
         worker.thread.abort(job_id)
         await local.result(job_id)

@@ -1,0 +1,85 @@
+"""Leases against the real Redis, and the outage backoff (pure): an entry that looks abandoned is
+claimed only when it still does one sweep later, so the jobs of a worker that renews as soon as
+Redis is back are never taken; and the worker's waits while Redis is down stay well inside the lease."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from schemas.keys import WORKER_GROUP, Keys
+from schemas.queue import ensure_group
+from schemas.settings import Settings
+from worker.lease import Lease
+from worker.outage import FIRST_DELAY_S, Backoff, outage_cap, until_up
+from worker.scripts import Scripts
+
+LEASE_MS = 500
+
+
+async def owner_of(redis, keys: Keys, entry_id: str) -> tuple[str, int]:  # type: ignore[no-untyped-def]
+    (row,) = await redis.xpending_range(keys.jobs_stream, WORKER_GROUP, entry_id, entry_id, 1)
+    return row["consumer"], row["times_delivered"]
+
+
+async def test_an_entry_is_claimed_only_if_still_idle_past_the_lease_a_sweep_later(redis) -> None:  # type: ignore[no-untyped-def]
+    keys = Keys(f"lease{uuid.uuid4().hex[:8]}")
+    await ensure_group(redis, keys)
+    await ensure_group(redis, keys)  # a second call finds the group there and is a no-op
+    scripts = Scripts(redis)
+    entries = {}
+    for owner in ("alive", "dead"):
+        entries[owner] = await redis.xadd(keys.jobs_stream, {"id": owner, "spec": "{}"})
+        await redis.xreadgroup(WORKER_GROUP, owner, {keys.jobs_stream: ">"}, count=1)
+        # Redis's clock ran on through an outage: both entries look idle past the lease.
+        await redis.xclaim(keys.jobs_stream, WORKER_GROUP, owner, 0, [entries[owner]], idle=3 * LEASE_MS,
+                           justid=True)
+    sweeper = Lease(redis, keys, scripts, "sweeper", LEASE_MS)
+
+    assert await sweeper.reclaim(10) == []  # first sighting: suspects, nothing claimed
+    assert await owner_of(redis, keys, entries["alive"]) == ("alive", 1)
+    assert await Lease(redis, keys, scripts, "alive", LEASE_MS).renew([entries["alive"]]) == set()
+
+    claimed = await sweeper.reclaim(10)  # a heartbeat later: only the entry nobody renewed
+    assert [(e.entry_id, e.fields["id"], e.deliveries) for e in claimed] == [(entries["dead"], "dead", 2)]
+    assert await owner_of(redis, keys, entries["alive"]) == ("alive", 1)
+    assert await owner_of(redis, keys, entries["dead"]) == ("sweeper", 2)
+
+    sweeper.forget_suspects()  # after the sweeper's own outage it starts over
+    await redis.xclaim(keys.jobs_stream, WORKER_GROUP, "alive", 0, [entries["alive"]], idle=3 * LEASE_MS,
+                       justid=True)
+    assert await sweeper.reclaim(10) == []
+    assert await owner_of(redis, keys, entries["alive"]) == ("alive", 1)
+
+
+@pytest.mark.parametrize(("lease_ms", "heartbeat_ms"), [(30000, 5000), (2000, 250), (600, 100), (3000, 1000)])
+def test_the_wait_between_tries_stays_well_inside_the_lease(lease_ms: int, heartbeat_ms: int) -> None:
+    cap = outage_cap(Settings(job_lease_ms=lease_ms, heartbeat_interval_ms=heartbeat_ms))
+    assert cap <= lease_ms / 4 / 1000 and cap <= heartbeat_ms / 2 / 1000
+    backoff = Backoff(cap)
+    delays = [backoff.delay() for _ in range(20)]
+    assert delays[0] <= FIRST_DELAY_S
+    assert max(delays) <= cap
+    assert min(delays[-5:]) >= cap / 2  # it does back off, to the cap
+
+
+async def test_until_up_retries_redis_faults_only() -> None:
+    calls = 0
+
+    async def flaky() -> str:
+        nonlocal calls
+        calls += 1
+        if calls < 4:
+            raise RedisConnectionError("Connection refused")
+        return "done"
+
+    assert await until_up("test", flaky, 0.01) == "done"
+    assert calls == 4
+
+    async def broken() -> None:
+        raise ValueError("a bug, not an outage")
+
+    with pytest.raises(ValueError):
+        await until_up("test", broken, 0.01)

@@ -1,0 +1,78 @@
+"""Between the queue's shapes (schemas/) and the engine's: a job spec becomes an engine request, a
+token event becomes a job event. Final results are made by `JobResult.final` (schemas/job.py),
+which the api uses too for the jobs it ends in the queue."""
+
+from __future__ import annotations
+
+from engine.events import TokenEvent
+from engine.params import SamplingParams, StoppingParams
+from engine.sequence import FinishReason
+from schemas.job import EventToken, JobEvent, JobResult, JobSpec, JobStatus, Usage
+from worker.engine_thread import AddCommand
+
+_STATUS_BY_REASON = {
+    FinishReason.EOS: JobStatus.SUCCEEDED,
+    FinishReason.LENGTH: JobStatus.SUCCEEDED,
+    FinishReason.STOP_SEQUENCE: JobStatus.SUCCEEDED,
+    FinishReason.ABORTED: JobStatus.CANCELLED,
+    FinishReason.EXPIRED: JobStatus.EXPIRED,
+}
+
+
+def engine_params(spec: JobSpec, seed: int | None) -> tuple[SamplingParams, StoppingParams]:
+    s = spec.sampling
+    sampling = SamplingParams(
+        do_sample=s.do_sample, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
+        typical_p=s.typical_p, repetition_penalty=s.repetition_penalty,
+        frequency_penalty=s.frequency_penalty, presence_penalty=s.presence_penalty,
+        seed=seed, top_n_tokens=s.top_n_tokens,
+    )
+    stopping = StoppingParams(
+        max_new_tokens=spec.stopping.max_new_tokens,
+        stop=tuple(spec.stopping.stop),
+        ignore_eos=spec.stopping.ignore_eos,
+    )
+    return sampling, stopping
+
+
+def engine_request(spec: JobSpec, seed: int | None, generated: list[int], queued: bool) -> AddCommand:
+    """`generated`: tokens already in the job's event stream (a resumed job continues after them)."""
+    sampling, stopping = engine_params(spec, seed)
+    return AddCommand(
+        spec.id, spec.prompt_ids, sampling, stopping, spec.priority,
+        # A deadline bounds the wait in the queue; a job that another worker started has left it.
+        deadline=spec.deadline if queued else None, generated=generated,
+    )
+
+
+def to_job_event(event: TokenEvent) -> JobEvent:
+    token = None
+    if event.token_id is not None:
+        token = EventToken(id=event.token_id, text=event.text, logprob=event.logprob, special=event.special)
+    result = None
+    if event.finish_reason is not None:
+        result = JobResult.final(
+            _STATUS_BY_REASON[event.finish_reason],
+            reason=event.finish_reason.value,
+            generated_text=event.generated_text or "",
+            usage=Usage(
+                prompt_tokens=event.num_prompt_tokens,
+                completion_tokens=event.num_generated_tokens,
+                cached_tokens=event.num_cached_tokens,
+            ),
+            seed=event.seed,
+        )
+    return JobEvent(
+        index=event.index,
+        token=token,
+        top_tokens=[EventToken(id=t.id, text=t.text, logprob=t.logprob, special=t.special)
+                    for t in event.top_tokens],
+        final=result is not None,
+        result=result,
+    )
+
+
+def refused(tokens: int, reason: str) -> JobEvent:
+    """The final event of a job the engine refused (it can never fit): `failed`, with the engine's
+    message."""
+    return JobEvent.ending(tokens, JobResult.final(JobStatus.FAILED, error=reason))

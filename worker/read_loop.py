@@ -1,0 +1,90 @@
+"""Taking jobs (docs/design.md §1 step 3): `XREADGROUP … COUNT n`, n being what the engine can admit
+now, so a busy worker stops reading and the others take the queue; each entry read (or reclaimed by
+the lease loop) is admitted: owned, taken (intake), then added to the engine in one go."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from contextlib import suppress
+
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from schemas.keys import WORKER_GROUP, Keys
+from schemas.queue import ensure_group
+from worker import faults
+from worker.engine_thread import EngineThread
+from worker.intake import Entry, Intake, parse
+from worker.lease import Lease
+from worker.owned import InFlight, Owned
+
+READ_BLOCK_MS = 1000
+
+
+class ReadLoop:
+    def __init__(self, redis: Redis, keys: Keys, worker_id: str, thread: EngineThread, intake: Intake,
+                 lease: Lease, owned: Owned, draining: Callable[[], bool], crash_token: int | None) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.worker_id = worker_id
+        self.thread = thread
+        self.intake = intake
+        self.lease = lease
+        self.owned = owned
+        self.draining = draining
+        self.room = asyncio.Event()  # set when the engine may have room for more jobs
+        self._crash_token = crash_token  # test-only fault injection (worker/faults.py)
+
+    async def run(self) -> None:
+        while not self.draining():
+            room = self.thread.capacity()
+            if room <= 0:
+                self.room.clear()
+                with suppress(TimeoutError):
+                    await asyncio.wait_for(self.room.wait(), timeout=0.5)
+                continue
+            try:
+                streams = {self.keys.jobs_stream: ">"}
+                reply = await self.redis.xreadgroup(WORKER_GROUP, self.worker_id, streams, count=room,
+                                                    block=READ_BLOCK_MS)
+            except ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                await ensure_group(self.redis, self.keys)  # the stream was deleted under us
+                continue
+            entries = [Entry(eid, fields) for _stream, items in reply or [] for eid, fields in items]
+            if self.draining():  # read while the drain began: hand them straight back
+                await self.lease.release([e.entry_id for e in entries])
+                return
+            await self.admit(entries)
+
+    async def admit(self, entries: list[Entry]) -> None:
+        jobs = []
+        for entry in entries:
+            spec = parse(entry)
+            if isinstance(spec, str):
+                await self.intake.drop(entry, spec)
+                continue
+            if spec.id in self.owned:  # our own entry, reclaimed while it runs here: keep running
+                continue
+            job = InFlight(spec.id, entry.entry_id, spec.created_at, entry.deliveries, spec=spec)
+            self.owned.add(job)  # before taking it, so a cancel meanwhile is not missed
+            jobs.append((job, spec, entry))
+        if not jobs:
+            return
+        started: set[str] = set()
+        try:
+            commands = await self.intake.decide(await self.intake.take(jobs))
+            for command in commands:
+                faults.maybe_crash(self._crash_token, command.prompt_ids)
+            if commands:
+                self.thread.add(*commands)  # together: they all join the engine's next step
+            for command in commands:
+                started.add(command.request_id)
+                if (owned := self.owned.get(command.request_id)) is not None and owned.cancel_requested:
+                    self.thread.abort(command.request_id)
+        finally:
+            for job, _spec, _entry in jobs:
+                if job.job_id not in started:
+                    self.owned.forget(job.job_id)
