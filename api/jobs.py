@@ -1,4 +1,4 @@
-"""The api's side of the job path: write a job (record + stream entry), cancel it, read it."""
+"""The api's side of the job path: admit and write a job (record + stream entry), cancel it, read it."""
 
 from __future__ import annotations
 
@@ -9,13 +9,15 @@ from contextlib import suppress
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 
+from api.admission import WRITE_GRACE_S, Admission
 from api.errors import Overloaded, ValidationError
 from api.metrics import ApiMetrics
 from api.tenants import TenantIndex
 from schemas.job import JobEvent, JobResult, JobSpec, JobStatus, RecordField
 from schemas.keys import WORKER_GROUP, Keys, event_entry_id
+from schemas.queue import ensure_group
 from schemas.settings import Settings
 from telemetry.tracing import Tracing
 from webhooks.enqueue import WebhookQueue
@@ -35,8 +37,18 @@ redis.call('PUBLISH', ARGV[10], ARGV[7])
 return 1
 """
 
-
-WRITE_GRACE_S = 10.0
+# An Idempotency-Key whose job expired is claimed anew only if it still holds what was read (one key).
+_RECLAIM = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
+return 1
+"""
+# A refused submit gives its Idempotency-Key back only if the key is still its own.
+_UNCLAIM = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+CLAIM_TRIES = 3
 
 
 def new_job_id() -> str:
@@ -59,17 +71,14 @@ class JobStore:
         self.webhooks = webhooks  # for the jobs the api itself ends (in the queue)
         self.tracing = tracing
         self.tenants = TenantIndex(redis, keys, settings)
+        self.admission = Admission(redis, keys, settings)
         self._end_queued = redis.register_script(_END_QUEUED)
+        self._reclaim = redis.register_script(_RECLAIM)
+        self._unclaim = redis.register_script(_UNCLAIM)
 
     async def ensure_group(self) -> None:
         """The workers' consumer group, so the queue's lag is measured before a worker starts."""
-        with suppress(ResponseError):  # BUSYGROUP: it exists already
-            await self.redis.xgroup_create(self.keys.jobs_stream, WORKER_GROUP, id="0", mkstream=True)
-
-    async def outstanding(self) -> int | None:
-        """Jobs queued (not yet read by a worker) plus running (read, not acknowledged)."""
-        depth = await self.queue_depth()
-        return None if depth is None else sum(depth)
+        await ensure_group(self.redis, self.keys)
 
     async def queue_depth(self) -> tuple[int, int] | None:
         """(queued, running): entries not yet read by a worker, and read but not acknowledged."""
@@ -89,22 +98,31 @@ class JobStore:
                      fingerprint: str = "") -> Submitted:
         """Admits and writes the job; with an Idempotency-Key seen before, answers that job instead."""
         idem = self.keys.idempotency(spec.tenant, idempotency_key) if idempotency_key else None
+        claim = f"{spec.id} {spec.created_at} {fingerprint}"
         if idem is not None:
-            claim = f"{spec.id} {spec.created_at} {fingerprint}"
-            if not await self.redis.set(idem, claim, nx=True, ex=self.settings.idempotency_ttl):
-                earlier = await self._replay(idem, fingerprint)
-                if earlier is not None:
-                    return Submitted(earlier, replayed=True)
-                await self.redis.set(idem, claim, ex=self.settings.idempotency_ttl)
+            earlier = await self._claim(idem, claim, fingerprint)
+            if earlier is not None:
+                return Submitted(earlier, replayed=True)
         try:
-            await self._admit(spec)
-        except BaseException:
+            await self.admission.admit(spec)
+            if self.tracing is not None:
+                self.tracing.tag(**{"conveyor.job_id": spec.id, "conveyor.tenant": spec.tenant})
+                spec = spec.model_copy(update={"traceparent": self.tracing.traceparent()})
+            try:
+                await self._write(spec)
+            except (RedisError, OSError):
+                await self.admission.release(spec)
+                raise
+        except BaseException:  # refused or failed: no job, so the key answers no job either
             if idem is not None:
-                await self.redis.delete(idem)
+                with suppress(RedisError, OSError):  # else it is free again WRITE_GRACE_S from now
+                    await self._unclaim(keys=[idem], args=[claim])
             raise
-        if self.tracing is not None:
-            self.tracing.tag(**{"conveyor.job_id": spec.id, "conveyor.tenant": spec.tenant})
-            spec = spec.model_copy(update={"traceparent": self.tracing.traceparent()})
+        log.info("job %s submitted (%s, %d prompt tokens)", spec.id, spec.kind, len(spec.prompt_ids),
+                 extra={"job_id": spec.id, "tenant": spec.tenant})
+        return Submitted(spec.id)
+
+    async def _write(self, spec: JobSpec) -> None:
         # Record first, then the stream entry: a worker never reads a job without its record. Not a
         # MULTI: the keys live in different slots on Redis Cluster.
         pipe = self.redis.pipeline(transaction=False)
@@ -121,14 +139,26 @@ class JobStore:
         pipe.xadd(self.keys.jobs_stream, {"id": spec.id, "spec": payload})
         self.tenants.add(pipe, spec)
         await pipe.execute()
-        log.info("job %s submitted (%s, %d prompt tokens)", spec.id, spec.kind, len(spec.prompt_ids),
-                 extra={"job_id": spec.id, "tenant": spec.tenant})
-        return Submitted(spec.id)
 
-    async def _replay(self, idem: str, fingerprint: str) -> str | None:
-        value = await self.redis.get(idem)
-        if value is None:
-            return None
+    async def _claim(self, idem: str, claim: str, fingerprint: str) -> str | None:
+        """Claims the Idempotency-Key for this job (None), or answers the earlier job that holds it.
+        Every step is one atomic command, so two racing submits never both claim it."""
+        ttl = self.settings.idempotency_ttl
+        for _ in range(CLAIM_TRIES):
+            if await self.redis.set(idem, claim, nx=True, ex=ttl):
+                return None
+            value = await self.redis.get(idem)
+            if value is None:  # expired just now: claim it again
+                continue
+            earlier = await self._replay(value, fingerprint)
+            if earlier is not None:
+                return earlier
+            if await self._reclaim(keys=[idem], args=[value, claim, ttl]):
+                return None
+        raise Overloaded(retry_after=1)  # other submits with this key keep winning the race: retry
+
+    async def _replay(self, value: str, fingerprint: str) -> str | None:
+        """The earlier job of a claim, or None if that job's keys expired (the key is free again)."""
         job_id, created_at, earlier_fingerprint = value.split(" ", 2)
         if earlier_fingerprint != fingerprint:
             raise ValidationError(
@@ -141,13 +171,6 @@ class JobStore:
             return None  # that job's keys expired: this is a new job
         return job_id  # (a job claimed moments ago may still be being written)
 
-    async def _admit(self, spec: JobSpec) -> None:
-        outstanding = await self.outstanding()
-        if outstanding is not None and outstanding >= self.settings.max_concurrent_requests:
-            raise Overloaded(retry_after=1)
-        if not await self.tenants.admit(spec):
-            raise Overloaded(retry_after=1)
-
     async def cancel(self, job_id: str) -> None:
         """Flag first (a queued job is dropped when read), tell the owning worker, and end the job
         at once if it is still queued."""
@@ -159,8 +182,8 @@ class JobStore:
 
     async def end_queued(self, job_id: str, status: JobStatus) -> bool:
         """Ends a job that no worker has started (cancelled or expired); False if it had started."""
-        result = JobResult(status=status, finish_reason=status.value)
-        event = JobEvent(index=0, final=True, result=result).model_dump_json(exclude_none=True)
+        result = JobResult.final(status)
+        event = JobEvent.ending(0, result).model_dump_json(exclude_none=True)
         ended = await self._end_queued(
             keys=[self.keys.job(job_id), self.keys.events(job_id)],
             args=[RecordField.STATUS.value, status.value,

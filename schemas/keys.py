@@ -1,4 +1,4 @@
-"""The Redis layout, in one place (DESIGN.md §3).
+"""The Redis layout, in one place (docs/design.md §3).
 
 Every key shares a prefix. The keys of one job carry the hash tag `{job_id}` so the multi-key
 operations of a job stay in one slot and the layout runs on Redis Cluster unchanged.
@@ -83,3 +83,9 @@ class Keys:
     def tenant_active(self, tenant: str) -> str:
         """Sorted set: the tenant's jobs not yet seen terminal, by creation time (per-tenant cap)."""
         return f"{self.prefix}:tenant:{tenant}:active"
+
+    @property
+    def admitted(self) -> str:
+        """Sorted set: the jobs admitted under max_concurrent_requests not yet seen terminal, by
+        creation time; TTL refreshed on each admit (api/admission.py)."""
+        return f"{self.prefix}:admitted"
