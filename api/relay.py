@@ -1,169 +1,197 @@
-"""Relays a job's events to the SSE clients of this api process (DESIGN.md §1 step 6).
+"""Relays a job's events to the SSE clients of this api process (docs/design.md §1 step 6).
 
-One pub/sub connection per process, demultiplexed in-process. A client subscribes first, then
-reads the durable event stream after its last index, then takes live events, deduplicating by
-index: pub/sub alone is at-most-once; the event stream makes the relay lossless and resumable.
-A client whose bounded buffer overflows is moved back to reading the durable stream, so a slow
-client never blocks the others.
+One pub/sub connection per process (api/pubsub.py), demultiplexed in-process. A client subscribes
+first, then reads the durable event stream after its last index, then takes live events,
+deduplicating by index: pub/sub alone is at-most-once; the event stream makes the relay lossless
+and resumable. A client goes back to the durable stream after the last index it delivered whenever
+live events may have been missed: its bounded buffer overflowed (a slow client never blocks the
+others), an index was skipped, or the connection was lost and subscribed again (Redis restarted).
+Where the rest cannot be delivered without a gap, the stream raises StreamInterrupted, which the
+routes answer with an error event: never silence.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from api.errors import ValidationError
+from api.pubsub import Listener, Signal, Subscriptions
 from schemas.job import JobEvent
-from schemas.keys import Keys
+from schemas.keys import Keys, event_entry_id
 
-log = logging.getLogger(__name__)
-
-CLIENT_BUFFER = 1024
 KEEPALIVE_S = 15.0
+OUTAGE_TIMEOUT_S = 30.0  # a stream waits this long for a lost Redis to come back, then ends with an error
+MAX_INDEX = 2**62  # entry ids are 0-(index+1): an index past this names no event
 
 
-@dataclass(eq=False)
-class _Listener:
-    queue: asyncio.Queue[JobEvent] = field(default_factory=lambda: asyncio.Queue(CLIENT_BUFFER))
-    overflowed: bool = False
+class StreamInterrupted(RedisConnectionError):
+    """A job's events could not be followed to the end (the job itself goes on): Redis stayed
+    unreachable past the outage timeout, or events are missing from the job's event stream."""
+
+
+@dataclass(slots=True)
+class RelayStats:
+    live: int = 0  # events delivered as they were published
+    replayed: int = 0  # events delivered from the durable event stream
+    resyncs: int = 0  # times a client went back to the event stream (overflow, gap, reconnect)
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    events: list[JobEvent]  # index > after, in order
+    last_index: int  # the stream's last index; -1: no event yet
+    ended: bool  # the job's final event is at or before `after` (the client has seen the end)
 
 
 class Relay:
-    def __init__(self, redis: Redis, keys: Keys, on_lag: Callable[[float], object] | None = None) -> None:
+    def __init__(self, redis: Redis, keys: Keys, on_lag: Callable[[float], object] | None = None,
+                 keepalive_s: float = KEEPALIVE_S, outage_timeout: float = OUTAGE_TIMEOUT_S) -> None:
         self.redis = redis
         self.keys = keys
+        self.keepalive_s = keepalive_s  # settings.sse_keepalive_s
+        self.outage_timeout = outage_timeout
         self.on_lag = on_lag  # seconds from the worker's publish to here, per live event
-        self._pubsub = redis.pubsub()
-        self._listeners: dict[str, set[_Listener]] = {}
-        self._subscribed: dict[str, asyncio.Event] = {}  # channel → set once the server confirmed
-        self._lock = asyncio.Lock()  # orders (un)subscribe commands on the one connection
-        self._background: set[asyncio.Task[None]] = set()
-        self._task: asyncio.Task[None] | None = None
+        self.stats = RelayStats()
+        self.subscriptions = Subscriptions(redis, f"{keys.prefix}:relay", on_event=self._observe)
 
     @property
     def num_clients(self) -> int:
-        return sum(len(v) for v in self._listeners.values())
+        return self.subscriptions.num_listeners
+
+    def subscribed(self, job_id: str) -> bool:
+        """Whether the server has confirmed this process's subscription to the job's live events."""
+        return self.subscriptions.confirmed(self.keys.channel(job_id))
 
     async def start(self) -> None:
-        # A pub/sub connection needs one subscription before it can be read.
-        await self._pubsub.subscribe(f"{self.keys.prefix}:relay")
-        self._task = asyncio.create_task(self._read(), name="relay")
+        await self.subscriptions.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with suppress(asyncio.CancelledError):
-                await self._task
-        for task in list(self._background):
-            task.cancel()
-        await self._pubsub.aclose()
+        await self.subscriptions.stop()
 
-    async def _read(self) -> None:
-        while True:
-            message = await self._pubsub.get_message(timeout=1.0)
-            if message is None:
-                continue
-            channel = message["channel"]
-            if message["type"] == "subscribe" and channel in self._subscribed:
-                self._subscribed[channel].set()
-            if message["type"] != "message":
-                continue
-            try:
-                event = JobEvent.model_validate_json(message["data"])
-            except ValueError:
-                log.warning("dropping a malformed event on %s", channel)
-                continue
-            if self.on_lag is not None and event.at is not None:
-                self.on_lag(max(0.0, time.time() - event.at))
-            for listener in self._listeners.get(channel, ()):
-                try:
-                    listener.queue.put_nowait(event)
-                except asyncio.QueueFull:
-                    listener.overflowed = True
+    def _observe(self, event: JobEvent) -> None:
+        if self.on_lag is not None and event.at is not None:
+            self.on_lag(max(0.0, time.time() - event.at))
 
-    async def _sync(self, channel: str) -> None:
-        """Subscribes or unsubscribes the channel as its listeners now need; serialized, and decided
-        when it runs, so an unsubscribe left running in the background never undoes a newer subscribe."""
-        async with self._lock:
-            wanted = bool(self._listeners.get(channel))
-            if wanted and channel not in self._subscribed:
-                self._subscribed[channel] = asyncio.Event()
-                await self._pubsub.subscribe(channel)
-            elif not wanted and channel in self._subscribed:
-                del self._subscribed[channel]
-                await self._pubsub.unsubscribe(channel)
-
-    async def _subscribe(self, channel: str, listener: _Listener) -> None:
-        self._listeners.setdefault(channel, set()).add(listener)
-        await self._sync(channel)
-        confirmed = self._subscribed.get(channel)
-        if confirmed is not None:
-            await asyncio.wait_for(confirmed.wait(), timeout=10)
-
-    def _unsubscribe(self, channel: str, listener: _Listener) -> None:
-        """Never awaits: it runs when a client's task is being cancelled."""
-        listeners = self._listeners.get(channel)
-        if listeners is None:
-            return
-        listeners.discard(listener)
-        if not listeners:
-            del self._listeners[channel]
-            task = asyncio.get_running_loop().create_task(self._sync(channel))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
-
-    async def backlog(self, job_id: str, after: int) -> tuple[list[JobEvent], bool]:
-        """Events of the durable stream with index > after, and whether the job's final event is at
-        or before `after` (a client that has seen the end)."""
-        entries = await self.redis.xrange(self.keys.events(job_id))
+    async def backlog(self, job_id: str, after: int) -> Backlog:
+        """The durable stream's events with index > after (entry ids follow the index, so XRANGE
+        starts there), its last index, and whether the client has seen the final event."""
+        key = self.keys.events(job_id)
+        entries: list[tuple[str, dict[str, str]]] = []
+        if after < MAX_INDEX:
+            entries = await self.redis.xrange(key, min=event_entry_id(after + 1))  # type: ignore[assignment]
         events = [JobEvent.model_validate_json(fields["e"]) for _id, fields in entries]
-        ended = any(e.final and e.index <= after for e in events)
-        return [e for e in events if e.index > after], ended
+        if events:
+            return Backlog(events, events[-1].index, ended=False)
+        tail: list[tuple[str, dict[str, str]]] = await self.redis.xrevrange(key, count=1)  # type: ignore[assignment]
+        last = JobEvent.model_validate_json(tail[0][1]["e"]) if tail else None
+        return Backlog([], -1 if last is None else last.index, ended=last is not None and last.final)
+
+    async def check_resume(self, job_id: str, after: int) -> None:
+        """422 for a Last-Event-ID past the last event of a job that has not ended (nothing with a
+        higher index would ever come); past the end of an ended job, the stream just ends."""
+        if after >= 0:
+            _check_after(job_id, after, await self.backlog(job_id, after))
 
     async def events(self, job_id: str, after: int = -1) -> AsyncIterator[JobEvent | None]:
-        """Yields the job's events with index > after, ending with the final one (at once if the
-        client saw the final event already).
+        """Yields the job's events with index > after, each once and in order, ending with the final
+        one (at once if the client saw the final event already).
 
-        Yields None when nothing arrived for KEEPALIVE_S (time for an SSE keep-alive comment).
+        Yields None when nothing arrived for `keepalive_s` (time for an SSE keep-alive comment).
+        Raises StreamInterrupted when the rest cannot be delivered without a gap.
         """
         channel = self.keys.channel(job_id)
-        listener = _Listener()
+        listener = Listener()
         last = after
         try:
-            await self._subscribe(channel, listener)
+            await self.subscriptions.add(channel, listener)
+            backlog = await self._backlog(job_id, last)
+            _check_after(job_id, after, backlog)
             while True:
-                backlog, ended = await self.backlog(job_id, last)
-                if ended:
+                if backlog.ended:
                     return
-                for event in backlog:
-                    if event.index <= last:  # a duplicate final event
-                        continue
+                for event in backlog.events:
+                    if event.index != last + 1:
+                        raise StreamInterrupted(
+                            f"events {last + 1}..{event.index - 1} of job {job_id} are missing from its "
+                            "event stream (lost in a Redis restart?): read its result with GET "
+                            f"/v1/jobs/{job_id}")
                     last = event.index
+                    self.stats.replayed += 1
                     yield event
                     if event.final:
                         return
                 listener.overflowed = False
+                keepalive_at = time.monotonic() + self.keepalive_s
                 while not listener.overflowed:
-                    try:
-                        event = await asyncio.wait_for(listener.queue.get(), timeout=KEEPALIVE_S)
-                    except TimeoutError:
+                    item = await self._next(listener, keepalive_at)
+                    if item is None:
                         yield None
+                        keepalive_at = time.monotonic() + self.keepalive_s
                         continue
-                    if event.index <= last:  # already sent from the backlog
-                        continue
-                    if event.index > last + 1:  # a gap: missed live events, read them from the stream
+                    if isinstance(item, Signal):  # RESYNC (DOWN never leaves _next)
                         break
-                    last = event.index
-                    yield event
-                    if event.final:
+                    if item.index <= last:  # already sent (from the stream, or published twice)
+                        if item.final:
+                            return
+                        continue
+                    if item.index > last + 1:  # a gap: missed live events, read them from the stream
+                        break
+                    last = item.index
+                    self.stats.live += 1
+                    yield item
+                    if item.final:
                         return
-                # Overflowed or a gap: drop the buffer and catch up from the durable stream.
+                    keepalive_at = time.monotonic() + self.keepalive_s
+                # Overflowed, a gap or a reconnect: drop the buffer and catch up from the durable stream.
+                self.stats.resyncs += 1
                 while not listener.queue.empty():
                     listener.queue.get_nowait()
+                backlog = await self._backlog(job_id, last)
         finally:
-            self._unsubscribe(channel, listener)
+            self.subscriptions.remove(channel, listener)
+
+    async def _backlog(self, job_id: str, after: int) -> Backlog:
+        try:
+            return await self.backlog(job_id, after)
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            if isinstance(exc, StreamInterrupted):
+                raise
+            raise StreamInterrupted(f"the event stream of job {job_id} cannot be read ({exc}): "
+                                    f"resume with Last-Event-ID: {after}") from exc
+
+    async def _next(self, listener: Listener, keepalive_at: float) -> JobEvent | Signal | None:
+        """The listener's next event or RESYNC; None when a keep-alive is due. While the connection
+        is lost, waits for it at most `outage_timeout`, then raises StreamInterrupted."""
+        while True:
+            now = time.monotonic()
+            timeout = keepalive_at - now
+            down_since = self.subscriptions.down_since
+            if down_since is not None:
+                left = down_since + self.outage_timeout - now
+                if left <= 0:
+                    raise StreamInterrupted(f"Redis has not answered for {self.outage_timeout:.0f} s: the "
+                                            "stream ends here, the job goes on (resume with Last-Event-ID)")
+                timeout = min(timeout, left)
+            if timeout <= 0:
+                return None
+            try:
+                item = await asyncio.wait_for(listener.queue.get(), timeout=timeout)
+            except TimeoutError:
+                continue
+            if item is not Signal.DOWN:  # DOWN only wakes the wait, to start the outage clock
+                return item
+
+
+def _check_after(job_id: str, after: int, backlog: Backlog) -> None:
+    if after > backlog.last_index and not backlog.ended:
+        raise ValidationError(
+            f"Last-Event-ID {after} is past the last event of job {job_id}, which has not ended (its last "
+            f"index is {backlog.last_index}; -1: none yet): send the id of the last event you received, "
+            "or no Last-Event-ID to read from the start", param="Last-Event-ID")

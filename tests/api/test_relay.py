@@ -1,9 +1,15 @@
-"""The relay against a real Redis: backlog then live, no gap, no duplicate, resumable."""
+"""The relay against a real Redis: backlog then live, no gap, no duplicate, resumable; each test
+asserts which path delivered the events (live pub/sub or the durable stream)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 
+import pytest
+
+from api.errors import ValidationError
 from api.relay import Relay
 from schemas.job import EventToken, JobEvent, JobResult, JobStatus, RecordField
 from schemas.keys import Keys
@@ -28,8 +34,23 @@ def token_event(i: int, final: bool = False) -> JobEvent:
     return JobEvent(index=i, token=EventToken(id=i, text="x"), final=final, result=result if final else None)
 
 
-async def collect(relay: Relay, job_id: str, after: int = -1) -> list[JobEvent]:
-    return [e async for e in relay.events(job_id, after=after) if e is not None]
+async def wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the condition did not hold in time")
+        await asyncio.sleep(0.01)
+
+
+async def collect(relay: Relay, job_id: str, after: int = -1,
+                  into: list[int] | None = None) -> list[JobEvent]:
+    events = []
+    async for event in relay.events(job_id, after=after):
+        if event is not None:
+            events.append(event)
+            if into is not None:
+                into.append(event.index)
+    return events
 
 
 async def test_backlog_then_live_without_gap_or_duplicate(redis) -> None:  # type: ignore[no-untyped-def]
@@ -39,13 +60,16 @@ async def test_backlog_then_live_without_gap_or_duplicate(redis) -> None:  # typ
     try:
         job = await owned(redis, "j1")
         await publisher.publish([(job, token_event(i)) for i in range(3)])  # before the client
-        reader = asyncio.create_task(collect(relay, "j1"))
-        await asyncio.sleep(0.2)
+        seen: list[int] = []
+        reader = asyncio.create_task(collect(relay, "j1", into=seen))
+        await wait_until(lambda: seen == [0, 1, 2])  # the backlog is read: the client takes live events now
+        assert relay.subscribed("j1")
         for i in range(3, 10):
             await publisher.publish([(job, token_event(i, final=i == 9))])
         events = await asyncio.wait_for(reader, 10)
         assert [e.index for e in events] == list(range(10))
         assert events[-1].final and events[-1].result is not None
+        assert (relay.stats.replayed, relay.stats.live, relay.stats.resyncs) == (3, 7, 0)
         assert relay.num_clients == 0
     finally:
         await relay.stop()
@@ -60,19 +84,44 @@ async def test_resume_after_k_also_after_the_job_finished(redis) -> None:  # typ
         await publisher.publish([(job, token_event(i, final=i == 5)) for i in range(6)])
         events = await asyncio.wait_for(collect(relay, "j2", after=2), 10)
         assert [e.index for e in events] == [3, 4, 5]
+        assert (relay.stats.replayed, relay.stats.live) == (3, 0)
+        assert await asyncio.wait_for(collect(relay, "j2", after=5), 10) == []  # saw the end: ends at once
+        assert await asyncio.wait_for(collect(relay, "j2", after=999_999_999_999), 10) == []
         assert await redis.ttl(KEYS.events("j2")) > 0  # finished: every key of the job has a TTL
         assert await redis.ttl(KEYS.job("j2")) > 0
     finally:
         await relay.stop()
 
 
-async def test_slow_client_catches_up_from_the_stream(redis, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    import api.relay as relay_module
-
-    monkeypatch.setattr(relay_module, "CLIENT_BUFFER", 2)
+async def test_last_event_id_past_the_end_of_a_running_job_is_refused(redis) -> None:  # type: ignore[no-untyped-def]
     publisher = worker_publisher(redis)
     relay = Relay(redis, KEYS)
     await relay.start()
+    try:
+        with pytest.raises(ValidationError, match="none yet"):
+            await relay.check_resume("j4", 999_999_999_999)
+        job = await owned(redis, "j4")
+        await publisher.publish([(job, token_event(i)) for i in range(4)])
+        await relay.check_resume("j4", 3)  # the last event: fine, the client waits for more
+        for after in (4, 999_999_999_999, 2**80):
+            with pytest.raises(ValidationError, match="its last index is 3") as refused:
+                await relay.check_resume("j4", after)
+            assert refused.value.param == "Last-Event-ID"
+            with pytest.raises(ValidationError):  # the stream itself refuses too, at once
+                await asyncio.wait_for(collect(relay, "j4", after=after), 10)
+        assert relay.num_clients == 0
+    finally:
+        await relay.stop()
+
+
+async def test_slow_client_catches_up_from_the_stream(redis, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import api.pubsub as pubsub_module
+
+    monkeypatch.setattr(pubsub_module, "CLIENT_BUFFER", 2)
+    publisher = worker_publisher(redis)
+    relay = Relay(redis, KEYS)
+    await relay.start()
+    published = asyncio.Event()
 
     async def slow_reader() -> list[int]:
         seen: list[int] = []
@@ -81,15 +130,19 @@ async def test_slow_client_catches_up_from_the_stream(redis, monkeypatch) -> Non
                 continue
             seen.append(event.index)
             if len(seen) == 1:
-                await asyncio.sleep(0.5)  # meanwhile 19 events arrive for a buffer of 2
+                await published.wait()  # meanwhile 19 events arrive for a buffer of 2
         return seen
 
     try:
         job = await owned(redis, "j3")
         reader = asyncio.create_task(slow_reader())
-        await asyncio.sleep(0.2)
-        for i in range(20):
+        await wait_until(lambda: relay.subscribed("j3"))
+        await publisher.publish([(job, token_event(0))])
+        await wait_until(lambda: relay.stats.live + relay.stats.replayed == 1)
+        for i in range(1, 20):
             await publisher.publish([(job, token_event(i, final=i == 19))])
+        published.set()
         assert await asyncio.wait_for(reader, 10) == list(range(20))
+        assert relay.stats.resyncs >= 1 and relay.stats.replayed >= 17  # the overflow path ran
     finally:
         await relay.stop()
