@@ -1,35 +1,36 @@
-"""The FastAPI application: wiring, error mapping, and the service routes (/info, /health, ...)."""
+"""The FastAPI application: wiring (context, middleware, error handlers, routers) and the service
+routes (/health, /ready, /info, /metrics)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from redis.asyncio import Redis
-from redis.exceptions import RedisError
-from starlette.exceptions import HTTPException
 
-from api import async_jobs, openai, tgi
+from api import async_jobs, errors, openai, tgi
 from api.auth import Auth, load_api_keys
+from api.body_limit import BodyLimit
 from api.chat_template import ChatTemplate
-from api.errors import ApiError, MalformedRequest, ValidationError, from_status, render
+from api.context import ApiContext
+from api.errors import REDIS_FAULTS
 from api.jobs import JobStore
-from api.limits import BodyLimit
 from api.metrics import ApiMetrics, RequestMetrics
 from api.openapi import openapi_schema
+from api.redis_client import api_redis
 from api.relay import Relay
-from api.service import Service
 from api.tokenizer import PromptTokenizer
+from schemas.health import Ready
 from schemas.keys import Keys
-from schemas.service import Ready
 from schemas.settings import Settings
 from schemas.tgi import Info
+from schemas.worker import WorkerInfo
 from telemetry import prom
+from telemetry.logs import redact_values
 from telemetry.tracing import Tracing
 from webhooks.enqueue import WebhookQueue
 from webhooks.signing import Secrets
@@ -37,21 +38,16 @@ from webhooks.ssrf import Allow
 
 log = logging.getLogger(__name__)
 
-VERSION = "0.1.0"
-TAGS = ("generate", "chat", "completion")  # discriminator tags of /v1/jobs bodies: not field names
-
-
-def _describe(error: dict, path: str) -> tuple[str, str | None]:
-    loc = [str(p) for p in error.get("loc", ()) if p not in ("body", "query", "header", "path")]
-    if path.startswith("/v1/jobs") and loc and loc[0] in TAGS:
-        loc = loc[1:]
-    field = ".".join(loc)
-    message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
-    return (f"{field}: {message}" if field else message), (field or None)
+try:
+    VERSION = version("conveyor")  # one version: the package's
+except PackageNotFoundError:  # run from a source tree that is not installed
+    VERSION = "0.0.0"
 
 
 def _auth(settings: Settings) -> Auth:
-    auth = Auth(load_api_keys(settings))
+    keys = load_api_keys(settings)
+    redact_values(keys)  # a key that reaches a log line by any path is masked there
+    auth = Auth(keys)
     if auth.open:
         log.warning("no API keys configured: the api is open, every caller is tenant 'default' (host %s%s)",
                     settings.host, "" if not settings.allow_unauthenticated else ", allow_unauthenticated")
@@ -60,19 +56,52 @@ def _auth(settings: Settings) -> Auth:
     return auth
 
 
-async def ready_state(service: Service) -> Ready:
+async def _heartbeats(ctx: ApiContext) -> list[str]:
+    """The workers' heartbeat keys (each lives for one lease after the worker's last beat)."""
+    return [key async for key in ctx.jobs.redis.scan_iter(match=ctx.jobs.keys.workers_pattern, count=1000)]
+
+
+async def ready_state(ctx: ApiContext) -> Ready:
     """Redis answers and at least one worker heartbeat is live."""
-    redis = service.jobs.redis
     try:
-        await redis.ping()
-    except (RedisError, OSError) as exc:
+        await ctx.jobs.redis.ping()
+        workers = len(await _heartbeats(ctx))
+    except REDIS_FAULTS as exc:
         return Ready(status="not_ready", redis=False, workers=0, reason=f"Redis does not answer: {exc}")
-    workers = 0
-    async for _key in redis.scan_iter(match=service.jobs.keys.workers_pattern, count=1000):
-        workers += 1
     if workers == 0:
         return Ready(status="not_ready", redis=True, workers=0, reason="no worker heartbeat")
     return Ready(status="ready", redis=True, workers=workers)
+
+
+async def live_workers(ctx: ApiContext) -> list[WorkerInfo]:
+    """What the live workers say of themselves; none when Redis does not answer."""
+    try:
+        keys = await _heartbeats(ctx)
+        raws = await ctx.jobs.redis.mget(keys) if keys else []
+    except REDIS_FAULTS:
+        return []
+    infos = []
+    for raw in raws:
+        try:
+            infos.append(WorkerInfo.model_validate_json(raw or ""))
+        except ValueError:  # gone since the scan, or not a worker's heartbeat
+            continue
+    return infos
+
+
+def model_runtime(settings: Settings, workers: list[WorkerInfo]) -> tuple[str, str]:
+    """(dtype, device type) the model runs in: what the workers report (comma-separated if they
+    differ), else what the settings decide (`auto` is decided by each worker: float32 on CPU,
+    bfloat16 on CUDA)."""
+    if workers:
+        dtypes = sorted({w.dtype for w in workers if w.dtype})
+        devices = sorted({w.device.split(":")[0] for w in workers if w.device})
+        return ",".join(dtypes) or "unknown", ",".join(devices) or "unknown"
+    if settings.device == "cpu":
+        return "float32", "cpu"
+    if settings.device.startswith("cuda"):
+        return "bfloat16", "cuda"
+    return "auto", settings.device
 
 
 def create_app(settings: Settings, model_dir: Path, model_id: str) -> FastAPI:
@@ -80,21 +109,22 @@ def create_app(settings: Settings, model_dir: Path, model_id: str) -> FastAPI:
         raise ValueError("the api needs REDIS_URL (`conveyor serve` sets it for you)")
     auth = _auth(settings)
     secrets = Secrets.from_settings(settings)  # a ValueError names the setting that is wrong
+    redact_values([*secrets.by_tenant.values(), secrets.default or ""])
     allow = Allow.parse(settings.webhook_allow)
     metrics = ApiMetrics()
     tracing = Tracing.from_settings(settings, "conveyor-api")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        redis = Redis.from_url(settings.redis_url, decode_responses=True)  # type: ignore[arg-type]
+        redis = api_redis(settings)
         keys = Keys(settings.key_prefix)
-        relay = Relay(redis, keys, on_lag=metrics.relay_lag.observe)
+        relay = Relay(redis, keys, on_lag=metrics.relay_lag.observe, keepalive_s=settings.sse_keepalive_s)
         metrics.sse_clients.set_function(lambda: relay.num_clients)
         webhooks = WebhookQueue(settings.redis_url or "", keys, settings)
         jobs = JobStore(redis, keys, settings, metrics, webhooks, tracing)
         await jobs.ensure_group()
         await relay.start()
-        app.state.service = Service(
+        app.state.context = ApiContext(
             settings=settings,
             tokenizer=PromptTokenizer(model_dir),
             jobs=jobs,
@@ -124,35 +154,13 @@ def create_app(settings: Settings, model_dir: Path, model_id: str) -> FastAPI:
     app.add_middleware(BodyLimit, limit=settings.payload_limit)
     app.add_middleware(RequestMetrics, metrics=metrics, tracing=tracing)  # outermost: sees every answer
 
-    @app.exception_handler(ApiError)
-    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return render(exc, request.url.path)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
-        path = request.url.path
-        if any(e.get("type") == "json_invalid" for e in errors):
-            message, _ = _describe(errors[0], path)
-            return render(MalformedRequest("the request body is not valid JSON: " + message), path)
-        described = [_describe(e, path) for e in errors]
-        error = ValidationError("; ".join(m for m, _ in described), param=described[0][1])
-        return render(error, path)
-
-    @app.exception_handler(HTTPException)
-    async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        return render(from_status(exc.status_code, str(exc.detail)), request.url.path)
-
-    @app.exception_handler(Exception)
-    async def _internal(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s", request.url.path)
-        return render(ApiError(f"internal error: {type(exc).__name__}"), request.url.path)
-
+    errors.install(app)
     app.include_router(tgi.router)
     app.include_router(openai.router)
     app.include_router(async_jobs.router)
 
-    @app.get("/health", tags=["Service"], responses={200: {"description": "The process serves requests"}})
+    @app.get("/health", tags=["Service"], response_class=Response,
+             responses={200: {"description": "The process serves requests (no body)", "content": None}})
     async def health() -> Response:
         """Liveness only: 200 while the process serves requests, overloaded or not."""
         return Response(status_code=200)
@@ -161,16 +169,18 @@ def create_app(settings: Settings, model_dir: Path, model_id: str) -> FastAPI:
              responses={503: {"model": Ready, "description": "Redis or every worker is unavailable"}})
     async def ready(request: Request) -> JSONResponse:
         """Readiness: Redis answers and at least one worker's heartbeat is live."""
-        state = await ready_state(request.app.state.service)
+        state = await ready_state(ApiContext.of(request))
         return JSONResponse(state.model_dump(), status_code=200 if state.status == "ready" else 503)
 
     @app.get("/info", tags=["Service"], response_model=Info)
-    async def info() -> Info:
-        """Model and limits, in TGI's shape."""
+    async def info(request: Request) -> Info:
+        """Model and limits, in TGI's shape. The dtype and device are those the live workers report
+        (with none known, what the settings decide: `auto` when each worker picks its own)."""
+        dtype, device = model_runtime(settings, await live_workers(ApiContext.of(request)))
         return Info(
             model_id=model_id,
-            model_dtype="float32" if settings.device in ("cpu", "auto") else "bfloat16",
-            model_device_type=settings.device,
+            model_dtype=dtype,
+            model_device_type=device,
             max_concurrent_requests=settings.max_concurrent_requests,
             max_best_of=settings.max_best_of,
             max_stop_sequences=settings.max_stop_sequences,
@@ -186,10 +196,16 @@ def create_app(settings: Settings, model_dir: Path, model_id: str) -> FastAPI:
         )
 
     @app.get("/metrics", tags=["Service"], response_class=Response,
-             responses={200: {"content": {prom.CONTENT_TYPE: {}}, "description": "Prometheus text format"}})
+             responses={200: {"content": {prom.CONTENT_TYPE: {"schema": {"type": "string"}}},
+                              "description": "Prometheus text format"}})
     async def metrics_route(request: Request) -> Response:
-        """Prometheus metrics of this api process (the workers serve their own: see the README)."""
-        depth = await request.app.state.service.jobs.queue_depth()
+        """Prometheus metrics of this api process (the workers serve their own: see the README).
+        While Redis does not answer, the queue gauges are left out rather than shown stale."""
+        try:
+            depth = await ApiContext.of(request).jobs.queue_depth()
+        except REDIS_FAULTS:
+            depth = None
+            metrics.jobs.clear()
         if depth is not None:
             metrics.jobs.labels("queued").set(depth[0])
             metrics.jobs.labels("running").set(depth[1])

@@ -7,19 +7,21 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import time
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from api.auth import tenant
-from api.errors import NotFound, ValidationError
-from api.openai import ERRORS
+from api.body_text import unicode_body
+from api.context import ApiContext
+from api.errors import ApiError, NotFound, ValidationError
 from api.openai_validation import chat_job, completion_job
-from api.service import Service
-from api.tgi import SSE_HEADERS, sse
+from api.openapi import error_responses, event_stream
+from api.sse import KEEP_ALIVE, sse, stream
 from api.validation import tgi_job
 from api.webhooks import check_webhook
 from schemas.job import JobSpec, JobStatus, RecordField
@@ -33,12 +35,10 @@ from schemas.jobs_api import (
     JobUrls,
     JobView,
 )
-from schemas.openai import OpenAIErrorResponse
 
-router = APIRouter(prefix="/v1/jobs", tags=["Async jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["Async jobs"], dependencies=[Depends(unicode_body)])
 
-NOT_FOUND: dict[int | str, dict[str, Any]] = {
-    404: {"model": OpenAIErrorResponse, "description": "No such job for this tenant"}}
+NOTES = {404: "No such job for this tenant"}
 CANCEL_WAIT_S = 2.0  # DELETE waits this long for a running job to reach its terminal state
 
 
@@ -46,8 +46,8 @@ def urls(job_id: str) -> JobUrls:
     return JobUrls.of(job_id)
 
 
-def _spec(service: Service, body: GenerateJob | ChatJob | CompletionJob, tenant: str) -> JobSpec:
-    s = service
+def _spec(ctx: ApiContext, body: GenerateJob | ChatJob | CompletionJob, tenant: str) -> JobSpec:
+    s = ctx
     if isinstance(body, ChatJob):
         spec = chat_job(s.settings, s.tokenizer, s.chat_template, body, tenant)
     elif isinstance(body, CompletionJob):
@@ -68,8 +68,9 @@ def _check_idempotency_key(key: str | None) -> None:
 
 
 @router.post("", status_code=202, response_model=JobAccepted, responses={
-    **ERRORS, 202: {"description": "Accepted (or, with a known Idempotency-Key, the earlier job: "
-                                   "header Idempotent-Replayed: true)"}})
+    **error_responses("openai", 400, 401, 413, 422, 429, 500, 503, notes={500: "Internal error"}),
+    202: {"description": "Accepted (or, with a known Idempotency-Key, the earlier job: header "
+                         "Idempotent-Replayed: true)"}})
 async def submit(
     body: Annotated[JobRequest, Body(description="A TGI generate, OpenAI chat or completion body, with "
                                                  "optional webhook, priority, deadline or ttl.")],
@@ -78,16 +79,16 @@ async def submit(
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
 ) -> JSONResponse:
     """Submit a job; answers 202 at once with its id and URLs."""
-    service: Service = request.app.state.service
+    ctx = ApiContext.of(request)
     _check_idempotency_key(idempotency_key)
-    spec = _spec(service, body, tenant)
+    spec = _spec(ctx, body, tenant)
     if spec.webhook is not None:
-        await check_webhook(spec.webhook, tenant, service.webhook_secrets, service.webhook_allow)
+        await check_webhook(spec.webhook, tenant, ctx.webhook_secrets, ctx.webhook_allow)
     fingerprint = hashlib.sha256(body.model_dump_json().encode()).hexdigest()[:32]
-    submitted = await service.jobs.submit(spec, idempotency_key, fingerprint)
+    submitted = await ctx.jobs.submit(spec, idempotency_key, fingerprint)
     status = JobStatus.QUEUED
     if submitted.replayed:
-        record = await service.jobs.record(submitted.job_id)
+        record = await ctx.jobs.record(submitted.job_id)
         status = JobStatus(record.get(RecordField.STATUS, JobStatus.QUEUED.value))
     accepted = JobAccepted(id=submitted.job_id, status=status, urls=urls(submitted.job_id))
     headers = {"Location": accepted.urls.self}
@@ -96,9 +97,9 @@ async def submit(
     return JSONResponse(accepted.model_dump(mode="json"), status_code=202, headers=headers)
 
 
-async def _record(service: Service, job_id: str, tenant: str) -> dict[str, str]:
+async def _record(ctx: ApiContext, job_id: str, tenant: str) -> dict[str, str]:
     """The job's record; 404 when it does not exist or belongs to another tenant."""
-    record = await service.jobs.record(job_id)
+    record = await ctx.jobs.record(job_id)
     if not record or record.get(RecordField.TENANT) != tenant:
         raise NotFound(f"no job {job_id!r}", param="id")
     return record
@@ -108,64 +109,73 @@ def view(job_id: str, record: dict[str, str]) -> JobView:
     return JobView.from_record(job_id, record)
 
 
-async def _current(service: Service, job_id: str, record: dict[str, str]) -> dict[str, str]:
+async def _current(ctx: ApiContext, job_id: str, record: dict[str, str]) -> dict[str, str]:
     """A queued job past its deadline is expired now rather than when a worker reads it."""
     if record.get(RecordField.STATUS) == JobStatus.QUEUED.value:
         deadline = JobSpec.model_validate_json(record[RecordField.SPEC]).deadline
         if deadline is not None and deadline < time.time():
-            await service.jobs.end_queued(job_id, JobStatus.EXPIRED)
-            return await service.jobs.record(job_id)
+            await ctx.jobs.end_queued(job_id, JobStatus.EXPIRED)
+            return await ctx.jobs.record(job_id)
     return record
 
 
-@router.get("/{job_id}", response_model=JobView, responses={401: ERRORS[401], **NOT_FOUND})
+@router.get("/{job_id}", response_model=JobView,
+            responses=error_responses("openai", 401, 404, 503, notes=NOTES))
 async def get_job(job_id: str, request: Request, tenant: str = Depends(tenant)) -> JobView:
     """The job's status, timestamps (epoch seconds), and result once it has ended."""
-    service: Service = request.app.state.service
-    record = await _current(service, job_id, await _record(service, job_id, tenant))
+    ctx = ApiContext.of(request)
+    record = await _current(ctx, job_id, await _record(ctx, job_id, tenant))
     return view(job_id, record)
 
 
-async def _events(service: Service, job_id: str, after: int) -> AsyncIterator[str]:
-    async for event in service.relay.events(job_id, after):
+async def _events(ctx: ApiContext, job_id: str, after: int) -> AsyncIterator[str]:
+    async for event in ctx.relay.events(job_id, after):
         if event is None:
-            yield ": keep-alive\n\n"
+            yield KEEP_ALIVE
         else:
             yield sse(event.model_dump_json(exclude_none=True), event.index)
 
 
+def error_event(error: ApiError) -> str:
+    """Not a JobEvent: `event: error` with OpenAI's error object and no `id`, so that a client that
+    reconnects with Last-Event-ID resumes after the last event it did get."""
+    return sse(json.dumps(error.openai_body()), event="error")
+
+
+EVENTS_DOC = ("Server-Sent Events: `id: <index>` and `data: <JobEvent>`, ending with the event that has "
+              "`final: true` (and the result). If the stream cannot go on (Redis failed), it ends with "
+              "`event: error` and `data: {\"error\": {...}}`: reconnect with Last-Event-ID.")
+
+
 @router.get("/{job_id}/events", response_class=StreamingResponse, responses={
-    200: {"description": "Server-Sent Events: `id: <index>` and `data: <JobEvent>`, ending with the "
-          "event that has `final: true` (and the result).",
-          "content": {"text/event-stream": {"schema": {"$ref": "#/components/schemas/JobEvent"}}}},
-    401: ERRORS[401], 422: ERRORS[422], **NOT_FOUND})
+    200: event_stream("JobEvent", EVENTS_DOC), **error_responses("openai", 401, 404, 422, 503, notes=NOTES)})
 async def job_events(
     job_id: str, request: Request, tenant: str = Depends(tenant),
     last_event_id: Annotated[int | None, Header(alias="Last-Event-ID", ge=-1)] = None,
 ) -> StreamingResponse:
     """The job's events as SSE, from the start or after `Last-Event-ID`; works while the job runs and
     after it has ended. Disconnecting does not cancel the job."""
-    service: Service = request.app.state.service
-    await _current(service, job_id, await _record(service, job_id, tenant))
+    ctx = ApiContext.of(request)
+    await _current(ctx, job_id, await _record(ctx, job_id, tenant))
     after = -1 if last_event_id is None else last_event_id
-    return StreamingResponse(_events(service, job_id, after), media_type="text/event-stream",
-                             headers=SSE_HEADERS)
+    await ctx.relay.check_resume(job_id, after)  # 422 past the end of a running job, before the 200
+    return stream(_events(ctx, job_id, after), error_event)
 
 
 @router.delete("/{job_id}", response_model=JobView, responses={
     200: {"description": "The job's state after the cancel: `cancelled`, or the terminal state it had "
           "reached already"},
     202: {"model": JobView, "description": "Cancel requested; the job had not ended yet"},
-    401: ERRORS[401], **NOT_FOUND})
+    **error_responses("openai", 401, 404, 503, notes=NOTES)})
 async def cancel_job(job_id: str, request: Request, tenant: str = Depends(tenant)) -> JSONResponse:
     """Cancel the job. A job that has ended keeps (and answers) its terminal state."""
-    service: Service = request.app.state.service
-    record = await _current(service, job_id, await _record(service, job_id, tenant))
+    ctx = ApiContext.of(request)
+    record = await _current(ctx, job_id, await _record(ctx, job_id, tenant))
     if not JobStatus(record[RecordField.STATUS]).is_terminal:
-        await service.jobs.cancel(job_id)
+        await ctx.jobs.cancel(job_id)
         deadline = time.monotonic() + CANCEL_WAIT_S
         while True:
-            record = await service.jobs.record(job_id)
+            record = await ctx.jobs.record(job_id)
             if JobStatus(record[RecordField.STATUS]).is_terminal or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.05)
@@ -173,16 +183,16 @@ async def cancel_job(job_id: str, request: Request, tenant: str = Depends(tenant
     return JSONResponse(job.model_dump(mode="json"), status_code=200 if job.status.is_terminal else 202)
 
 
-@router.get("", response_model=JobList, responses={401: ERRORS[401], 422: ERRORS[422]})
+@router.get("", response_model=JobList, responses=error_responses("openai", 401, 422, 503))
 async def list_jobs(
     request: Request, tenant: str = Depends(tenant),
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     after: Annotated[str | None, Query(description="The last id of the previous page")] = None,
 ) -> JobList:
     """The caller's recent jobs, newest first, `limit` at a time."""
-    service: Service = request.app.state.service
-    ids, has_more = await service.jobs.tenants.page(tenant, limit, after)
-    records = await asyncio.gather(*(service.jobs.record(i) for i in ids))
+    ctx = ApiContext.of(request)
+    ids, has_more = await ctx.jobs.tenants.page(tenant, limit, after)
+    records = await asyncio.gather(*(ctx.jobs.record(i) for i in ids))
     data = [view(i, r) for i, r in zip(ids, records, strict=True) if r]  # skips expired jobs
     return JobList(data=data, first_id=data[0].id if data else None, last_id=ids[-1] if ids else None,
                    has_more=has_more)

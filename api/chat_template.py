@@ -1,27 +1,24 @@
-"""The model's chat template, rendered without transformers (the api loads no torch).
+"""The model's chat template, rendered by transformers' own renderer (`render_jinja_template`), so
+a template renders here exactly as `apply_chat_template` renders it: `{% break %}`/`{% continue %}`,
+`{% generation %}`, transformers' `tojson` (not HTML-escaped), `raise_exception`, `strftime_now`,
+`tools`, and the tokenizer's special tokens (`bos_token`, `eos_token`, ...) as variables.
 
-Same conventions as transformers' `apply_chat_template`: a sandboxed Jinja2 environment with
-`trim_blocks`/`lstrip_blocks`, `raise_exception` and `strftime_now`, and the tokenizer's special
-tokens (`bos_token`, `eos_token`, ...) as variables.
+`transformers.utils.chat_template_utils` needs jinja2 and numpy, not torch: the api process stays
+free of torch (tests/api/test_chat_template.py checks it).
 """
 
 from __future__ import annotations
 
 import json
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from jinja2.exceptions import TemplateError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from transformers.utils.chat_template_utils import _compile_jinja_template, render_jinja_template
 
 
 class ChatTemplateError(ValueError):
     pass
-
-
-def _raise(message: str) -> None:
-    raise TemplateError(message)
 
 
 def _token_text(value: Any) -> str | None:
@@ -32,10 +29,8 @@ def _token_text(value: Any) -> str | None:
 
 class ChatTemplate:
     def __init__(self, source: str, special_tokens: dict[str, str]) -> None:
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = _raise
-        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-        self._template = env.from_string(source)
+        _compile_jinja_template(source)  # a template that does not parse fails at start-up, not per request
+        self._source = source
         self._special = special_tokens
 
     @classmethod
@@ -56,10 +51,13 @@ class ChatTemplate:
         special = {n: t for n in names if (t := _token_text(config.get(n))) is not None}
         return cls(source, special)
 
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+               tools: list[dict[str, Any]] | None = None) -> str:
         try:
-            return self._template.render(
-                messages=messages, add_generation_prompt=add_generation_prompt, **self._special
+            rendered, _ = render_jinja_template(
+                conversations=[messages], tools=tools, chat_template=self._source,
+                add_generation_prompt=add_generation_prompt, **self._special,
             )
-        except TemplateError as exc:
+        except (TemplateError, ValueError, TypeError) as exc:  # raise_exception, or messages it cannot take
             raise ChatTemplateError(f"the model's chat template rejected the messages: {exc}") from exc
+        return str(rendered[0])

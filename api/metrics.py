@@ -2,9 +2,10 @@
 
 The api knows requests: how many generation requests came in (`tgi_request_count`, every dialect and
 `/v1/jobs`), which it refused before a job existed (`tgi_request_failure{err=validation|unauthorized|
-overloaded}`) or ended in the queue (`{err=cancelled|expired}`), how long each HTTP request took, the
-fleet's queue (read from Redis at scrape time) and its own relay (clients, lag). What happens to a
-job once a worker has it is the worker's to count (worker/metrics.py).
+overloaded|unavailable}`, the last while Redis does not answer) or ended in the queue
+(`{err=cancelled|expired}`), how long each HTTP request took, the fleet's queue (read from Redis at
+scrape time) and its own relay (clients, lag). What happens to a job once a worker has it is the
+worker's to count (worker/metrics.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from telemetry.tracing import Tracing
 
 GENERATION_ROUTES = frozenset({"/generate", "/generate_stream", "/", "/v1/chat/completions",
                                "/v1/completions", "/v1/jobs"})
-REFUSED = {400: "validation", 413: "validation", 422: "validation", 401: "unauthorized", 429: "overloaded"}
+REFUSED = {400: "validation", 413: "validation", 422: "validation", 401: "unauthorized", 429: "overloaded",
+           503: "unavailable"}
 SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 LAG_SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 
@@ -32,7 +34,8 @@ class ApiMetrics:
         self.requests = Counter("tgi_request_count", "Generation requests received (TGI, OpenAI, /v1/jobs)",
                                 registry=r)
         self.failure = Counter("tgi_request_failure", "Requests refused before a job existed (validation, "
-                               "unauthorized, overloaded) or jobs ended in the queue (cancelled, expired)",
+                               "unauthorized, overloaded, unavailable) or jobs ended in the queue "
+                               "(cancelled, expired)",
                                ["err"], registry=r)
         self.http_duration = Histogram("conveyor_http_request_duration_seconds", "Seconds from a generation "
                                        "request's arrival to the last byte of its answer", ["route"],

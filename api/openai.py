@@ -8,13 +8,15 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
 from api.auth import tenant
-from api.errors import NotFound
+from api.body_text import unicode_body
+from api.context import ApiContext
+from api.errors import ApiError, NotFound
 from api.openai_validation import chat_job, completion_job
-from api.service import Service
-from api.tgi import SSE_HEADERS, failure, sse, succeeded
+from api.openapi import BODY_ERRORS, error_responses, event_stream
+from api.sse import DONE, KEEP_ALIVE, failure, sse, stream, succeeded
 from schemas.job import EventToken, JobEvent, JobResult, JobSpec, JobStatus
 from schemas.openai import (
     AssistantMessage,
@@ -32,31 +34,26 @@ from schemas.openai import (
     CompletionUsage,
     Model,
     ModelList,
-    OpenAIErrorResponse,
     PromptTokensDetails,
     TokenLogprob,
     TopLogprob,
 )
 
-router = APIRouter(prefix="/v1", tags=["OpenAI"])
+router = APIRouter(prefix="/v1", tags=["OpenAI"], dependencies=[Depends(unicode_body)])
 
-ERRORS: dict[int | str, dict] = {
-    400: {"model": OpenAIErrorResponse, "description": "Malformed JSON"},
-    401: {"model": OpenAIErrorResponse, "description": "Missing or invalid API key"},
-    413: {"model": OpenAIErrorResponse, "description": "Request body larger than payload_limit"},
-    422: {"model": OpenAIErrorResponse, "description": "Invalid parameter (`param` names it)"},
-    429: {"model": OpenAIErrorResponse, "description": "Model is overloaded (see the Retry-After header)"},
-    500: {"model": OpenAIErrorResponse, "description": "Generation error"},
-}
+ERRORS = error_responses("openai", *BODY_ERRORS)
 FINGERPRINT = "conveyor"
 
 
 def _stream_doc(schema: str) -> dict[int | str, dict]:
-    return {**ERRORS, 200: {
-        "description": f"JSON, or with `stream: true` Server-Sent Events: `data: <{schema}>` chunks, then "
-        "`data: [DONE]`. A job that fails mid-way sends `data: {\"error\": {...}}` instead.",
-        "content": {"text/event-stream": {"schema": {"$ref": f"#/components/schemas/{schema}"}}},
-    }}
+    return {**ERRORS, 200: event_stream(schema, f"JSON, or with `stream: true` Server-Sent Events: "
+                                        f"`data: <{schema}>` chunks, then `data: [DONE]`. A job that fails "
+                                        "mid-way sends `data: {\"error\": {...}}` instead.")}
+
+
+def error_event(error: ApiError) -> str:
+    """OpenAI's error event: `data: {"error": {...}}`, and no `[DONE]` after it."""
+    return sse(json.dumps(error.openai_body()))
 
 
 def finish_reason(result: JobResult) -> str:
@@ -102,8 +99,8 @@ def _completion_logprobs(events: list[JobEvent], offset: int) -> CompletionLogpr
     return out
 
 
-def _head(prefix: str, spec: JobSpec, service: Service) -> dict[str, Any]:
-    return {"id": f"{prefix}-{spec.id}", "created": int(spec.created_at), "model": service.model_id,
+def _head(prefix: str, spec: JobSpec, ctx: ApiContext) -> dict[str, Any]:
+    return {"id": f"{prefix}-{spec.id}", "created": int(spec.created_at), "model": ctx.model_id,
             "system_fingerprint": FINGERPRINT}
 
 
@@ -111,21 +108,21 @@ ChunkModel = type[ChatCompletionChunk] | type[Completion]
 
 
 async def _chunks(
-    service: Service, spec: JobSpec, model: ChunkModel, head: dict[str, Any], include_usage: bool,
+    ctx: ApiContext, spec: JobSpec, model: ChunkModel, head: dict[str, Any], include_usage: bool,
     choice: Callable[[JobEvent, JobResult | None], Any],
 ) -> AsyncIterator[str]:
     """A job's events as OpenAI chunks (`choice` renders one event), the usage chunk if asked for,
     then `[DONE]`. With include_usage every chunk carries `usage` (null but in the last)."""
     usage_null = {"usage": None} if include_usage else {}
     result: JobResult | None = None
-    async for event in service.follow(spec.id):
+    async for event in ctx.follow(spec.id):
         if event is None:
-            yield ": keep-alive\n\n"
+            yield KEEP_ALIVE
             continue
         if event.final:
             result = event.result
             if result is None or result.status is not JobStatus.SUCCEEDED:
-                yield sse(json.dumps(failure(result).openai_body()))
+                yield error_event(failure(result))
                 return
         chunk = model(**head, choices=[choice(event, result)])
         yield sse(json.dumps({**chunk.model_dump(mode="json", exclude={"usage"}), **usage_null}))
@@ -133,16 +130,16 @@ async def _chunks(
             break
     if include_usage and result is not None:
         yield sse(model(**head, choices=[], usage=usage(result, spec)).model_dump_json())
-    yield "data: [DONE]\n\n"
+    yield DONE
 
 
 @router.post("/chat/completions", response_model=ChatCompletion, responses=_stream_doc("ChatCompletionChunk"))
 async def chat_completions(body: ChatCompletionRequest, request: Request, tenant: str = Depends(tenant)):  # type: ignore[no-untyped-def]
     """Chat completion; `stream: true` streams chunks. A client that disconnects cancels its job."""
-    service: Service = request.app.state.service
-    spec = chat_job(service.settings, service.tokenizer, service.chat_template, body, tenant)
-    await service.jobs.submit(spec)
-    common = _head("chatcmpl", spec, service)
+    ctx = ApiContext.of(request)
+    spec = chat_job(ctx.settings, ctx.tokenizer, ctx.chat_template, body, tenant)
+    await ctx.jobs.submit(spec)
+    common = _head("chatcmpl", spec, ctx)
     if body.stream:
         def choice(event: JobEvent, result: JobResult | None) -> ChunkChoice:
             return ChunkChoice(
@@ -151,10 +148,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, tenant
                 finish_reason=finish_reason(result) if result else None,  # type: ignore[arg-type]
             )
 
-        chunks = _chunks(service, spec, ChatCompletionChunk, common, body.include_usage, choice)
-        return StreamingResponse(chunks, media_type="text/event-stream",
-                                 headers={**SSE_HEADERS, "X-Job-Id": spec.id})
-    events = await service.collect(spec.id, request)
+        chunks = _chunks(ctx, spec, ChatCompletionChunk, common, body.include_usage, choice)
+        return stream(chunks, error_event, spec.id)
+    events = await ctx.collect(spec.id, request)
     result = succeeded(events[-1])
     completion = ChatCompletion(
         **common,
@@ -169,11 +165,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, tenant
 @router.post("/completions", response_model=Completion, responses=_stream_doc("Completion"))
 async def completions(body: CompletionRequest, request: Request, tenant: str = Depends(tenant)):  # type: ignore[no-untyped-def]
     """Text completion of a raw prompt (no chat template); `stream: true` streams chunks."""
-    service: Service = request.app.state.service
-    spec = completion_job(service.settings, service.tokenizer, body, tenant)
-    await service.jobs.submit(spec)
-    prompt_text = service.tokenizer.decode(spec.prompt_ids) if body.echo else ""
-    common = _head("cmpl", spec, service)
+    ctx = ApiContext.of(request)
+    spec = completion_job(ctx.settings, ctx.tokenizer, body, tenant)
+    await ctx.jobs.submit(spec)
+    prompt_text = ctx.tokenizer.decode(spec.prompt_ids) if body.echo else ""
+    common = _head("cmpl", spec, ctx)
     if body.stream:
         echo = [prompt_text]  # sent with the first chunk
 
@@ -185,10 +181,9 @@ async def completions(body: CompletionRequest, request: Request, tenant: str = D
                 finish_reason=finish_reason(result) if result else None,  # type: ignore[arg-type]
             )
 
-        chunks = _chunks(service, spec, Completion, common, body.include_usage, choice)
-        return StreamingResponse(chunks, media_type="text/event-stream",
-                                 headers={**SSE_HEADERS, "X-Job-Id": spec.id})
-    events = await service.collect(spec.id, request)
+        chunks = _chunks(ctx, spec, Completion, common, body.include_usage, choice)
+        return stream(chunks, error_event, spec.id)
+    events = await ctx.collect(spec.id, request)
     result = succeeded(events[-1])
     completion = Completion(
         **common,
@@ -201,23 +196,22 @@ async def completions(body: CompletionRequest, request: Request, tenant: str = D
     return JSONResponse(completion.model_dump(mode="json"), headers={"X-Job-Id": spec.id})
 
 
-def _model(service: Service) -> Model:
-    return Model(id=service.model_id, created=int(time.time()),
-                 max_model_len=service.settings.max_total_tokens)
+def _model(ctx: ApiContext) -> Model:
+    return Model(id=ctx.model_id, created=int(time.time()), max_model_len=ctx.settings.max_total_tokens)
 
 
-@router.get("/models", response_model=ModelList, responses={401: ERRORS[401]})
+@router.get("/models", response_model=ModelList, responses=error_responses("openai", 401))
 async def models(request: Request, _tenant: str = Depends(tenant)) -> ModelList:
     """The model this service runs."""
-    return ModelList(data=[_model(request.app.state.service)])
+    return ModelList(data=[_model(ApiContext.of(request))])
 
 
-@router.get("/models/{model_id:path}", response_model=Model, responses={401: ERRORS[401], 404: {
-    "model": OpenAIErrorResponse, "description": "No such model"}})
+@router.get("/models/{model_id:path}", response_model=Model,
+            responses=error_responses("openai", 401, 404, notes={404: "No such model"}))
 async def model(model_id: str, request: Request, _tenant: str = Depends(tenant)) -> Model:
     """One model, by id."""
-    service: Service = request.app.state.service
-    if model_id != service.model_id:
-        raise NotFound(f"model {model_id!r} is not served here; this service runs {service.model_id!r}",
+    ctx = ApiContext.of(request)
+    if model_id != ctx.model_id:
+        raise NotFound(f"model {model_id!r} is not served here; this service runs {ctx.model_id!r}",
                        param="model")
-    return _model(service)
+    return _model(ctx)

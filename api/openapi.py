@@ -1,25 +1,68 @@
-"""The OpenAPI schema, made true to what the api answers.
+"""The OpenAPI document, true to what the api answers.
 
-FastAPI documents request validation failures as its own `HTTPValidationError`; this api answers
-them in the route's dialect (TGI's `ErrorResponse`, or `OpenAIErrorResponse` on /v1), so those
-entries are replaced. Event-stream payloads (which no route returns as JSON) are added as schemas.
+`error_responses` is the one table of error statuses that routes declare, each in its dialect's
+model (TGI's `ErrorResponse`, OpenAI's `OpenAIErrorResponse` on /v1), with the `Retry-After` header
+where it is sent; `event_stream` declares an SSE answer as what it is on the wire (text), naming the
+component each `data:` line holds. FastAPI's own `HTTPValidationError` is replaced by the dialect's
+error, and the event payloads (which no route answers as JSON) are added as components.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 from api.errors import is_openai_path
+from api.sse import MEDIA_TYPE
 from schemas.job import JobEvent
 from schemas.openai import ChatCompletionChunk, Completion, OpenAIErrorResponse
 from schemas.tgi import ErrorResponse, StreamResponse
 
+Dialect = Literal["tgi", "openai"]
+Responses = dict[int | str, dict[str, Any]]
+
 STREAM_MODELS: tuple[type[BaseModel], ...] = (StreamResponse, ChatCompletionChunk, Completion, JobEvent)
 REF = "#/components/schemas/{model}"
+MODELS: dict[Dialect, type[BaseModel]] = {"tgi": ErrorResponse, "openai": OpenAIErrorResponse}
+DESCRIPTIONS = {
+    400: "Malformed JSON",
+    401: "Missing or invalid API key",
+    404: "Not found",
+    413: "Request body larger than payload_limit",
+    422: "Invalid parameter (the message names it and its limit; OpenAI's `param` names it too)",
+    429: "Model is overloaded: retry after `Retry-After` seconds",
+    500: "Generation error (the job failed)",
+    503: "Redis (the job store) is unavailable: retry after `Retry-After` seconds",
+}
+RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before retrying", "required": True,
+                               "schema": {"type": "integer"}}}
+BODY_ERRORS = (400, 401, 413, 422, 429, 500, 503)  # what a generation request can answer
+
+
+def error_responses(dialect: Dialect, *statuses: int, notes: dict[int, str] | None = None) -> Responses:
+    """The `responses=` entries of these error statuses, in the dialect's error model."""
+    out: Responses = {}
+    for status in statuses:
+        entry: dict[str, Any] = {"model": MODELS[dialect], "description": (notes or {}).get(
+            status, DESCRIPTIONS[status])}
+        if status in (429, 503):
+            entry["headers"] = RETRY_AFTER
+        out[status] = entry
+    return out
+
+
+def event_stream(component: str, description: str) -> dict[str, Any]:
+    """A 200 answered as SSE: text on the wire, each `data:` line one `component` as JSON. (A route
+    that answers JSON too gets its response model's `application/json` beside it.)"""
+    ref = REF.format(model=component)
+    return {"description": description, "content": {MEDIA_TYPE: {
+        "schema": {"type": "string",
+                   "description": f"Server-Sent Events; each `data:` line is a `{component}` ({ref})"},
+        "x-event-data": {"$ref": ref},
+    }}}
 
 
 def _add(components: dict[str, Any], model: type[BaseModel]) -> None:
@@ -45,7 +88,7 @@ def openapi_schema(app: FastAPI) -> dict[str, Any]:
                 continue
             content = response.get("content", {}).get("application/json", {})
             if content.get("schema", {}).get("$ref", "").endswith("/HTTPValidationError"):
-                response["description"] = "Invalid parameter (the message names it and its limit)"
+                response["description"] = DESCRIPTIONS[422]
                 content["schema"] = {"$ref": REF.format(model=error)}
     for unused in ("HTTPValidationError", "ValidationError"):
         components.pop(unused, None)

@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from api.auth import tenant
-from api.errors import GenerationError
-from api.service import Service
+from api.body_text import unicode_body
+from api.context import ApiContext
+from api.errors import ApiError
+from api.openapi import BODY_ERRORS, error_responses, event_stream
+from api.sse import KEEP_ALIVE, failure, sse, stream, succeeded
 from api.validation import tgi_job
-from schemas.job import EventToken, JobEvent, JobResult, JobSpec, JobStatus
+from schemas.job import EventToken, JobResult, JobSpec, JobStatus
 from schemas.tgi import (
     CompatGenerateRequest,
     Details,
-    ErrorResponse,
     GenerateRequest,
     GenerateResponse,
     StreamDetails,
@@ -23,55 +26,31 @@ from schemas.tgi import (
     Token,
 )
 
-router = APIRouter(tags=["Text Generation Inference"])
+router = APIRouter(tags=["Text Generation Inference"], dependencies=[Depends(unicode_body)])
 
-ERRORS: dict[int | str, dict] = {
-    400: {"model": ErrorResponse, "description": "Malformed JSON"},
-    401: {"model": ErrorResponse, "description": "Missing or invalid API key"},
-    413: {"model": ErrorResponse, "description": "Request body larger than payload_limit"},
-    422: {"model": ErrorResponse, "description": "Input validation error"},
-    429: {"model": ErrorResponse, "description": "Model is overloaded (see the Retry-After header)"},
-    500: {"model": ErrorResponse, "description": "Generation error"},
-}
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+ERRORS = error_responses("tgi", *BODY_ERRORS)
+STREAM_DOC = ("Server-Sent Events: one `StreamResponse` per token; the last one carries `generated_text` and "
+              "`details`; a job that fails mid-way ends with an `ErrorResponse`.")
 
 
 def _token(t: EventToken) -> Token:
     return Token(id=t.id, text=t.text, logprob=t.logprob, special=t.special)
 
 
-def failure(result: JobResult | None) -> GenerationError:
-    if result is None:
-        return GenerationError("the job ended without a result")
-    if result.status is JobStatus.CANCELLED:
-        return GenerationError("the job was cancelled")
-    if result.status is JobStatus.EXPIRED:
-        return GenerationError("the job's deadline passed before it started")
-    return GenerationError(result.error or f"the job ended {result.status.value}")
-
-
-def succeeded(event: JobEvent) -> JobResult:
-    """The final event's result, or the error that ended the job."""
-    if event.result is None or event.result.status is not JobStatus.SUCCEEDED:
-        raise failure(event.result)
-    return event.result
-
-
 def _full_text(inputs: str, text: str, return_full_text: bool | None) -> str:
     return inputs + text if return_full_text else text
 
 
-async def submit(service: Service, body: GenerateRequest, tenant: str) -> JobSpec:
-    spec = tgi_job(service.settings, service.tokenizer, service.chat_template, body.inputs, body.parameters,
-                   tenant)
-    await service.jobs.submit(spec)
+async def submit(ctx: ApiContext, body: GenerateRequest, tenant: str) -> JobSpec:
+    spec = tgi_job(ctx.settings, ctx.tokenizer, ctx.chat_template, body.inputs, body.parameters, tenant)
+    await ctx.jobs.submit(spec)
     return spec
 
 
 async def _generate(body: GenerateRequest, request: Request, tenant: str) -> tuple[GenerateResponse, str]:
-    service: Service = request.app.state.service
-    spec = await submit(service, body, tenant)
-    events = await service.collect(spec.id, request)
+    ctx = ApiContext.of(request)
+    spec = await submit(ctx, body, tenant)
+    events = await ctx.collect(spec.id, request)
     result = succeeded(events[-1])
     tokens = [_token(e.token) for e in events if e.token is not None]
     details = None
@@ -95,29 +74,29 @@ async def generate(body: GenerateRequest, request: Request, tenant: str = Depend
     return JSONResponse(response.model_dump(mode="json"), headers={"X-Job-Id": job_id})
 
 
-def sse(data: str, event_id: int | None = None) -> str:
-    head = f"id: {event_id}\n" if event_id is not None else ""
-    return f"{head}data: {data}\n\n"
+def error_event(error: ApiError) -> str:
+    """TGI's error event: an `ErrorResponse` as the last `data:`."""
+    return sse(json.dumps(error.tgi_body()))
 
 
-def _error(result: JobResult | None) -> str:
-    return sse(ErrorResponse(error=failure(result).message, error_type="generation").model_dump_json())
+def _failed(result: JobResult | None) -> str:
+    return error_event(failure(result))
 
 
-async def _stream(service: Service, spec: JobSpec, body: GenerateRequest) -> AsyncIterator[str]:
-    async for event in service.follow(spec.id):
+async def _stream(ctx: ApiContext, spec: JobSpec, body: GenerateRequest) -> AsyncIterator[str]:
+    async for event in ctx.follow(spec.id):
         if event is None:
-            yield ": keep-alive\n\n"
+            yield KEEP_ALIVE
             continue
         result = event.result
         if event.token is None:  # a job that ended without a token of its own
-            yield _error(result)
+            yield _failed(result)
             return
         response = StreamResponse(index=event.index, token=_token(event.token),
                                   top_tokens=[_token(t) for t in event.top_tokens])
         if event.final and result is not None:
             if result.status is not JobStatus.SUCCEEDED:
-                yield _error(result)
+                yield _failed(result)
                 return
             response.generated_text = _full_text(body.inputs, result.generated_text,
                                                  body.parameters.return_full_text)
@@ -130,36 +109,19 @@ async def _stream(service: Service, spec: JobSpec, body: GenerateRequest) -> Asy
         yield sse(response.model_dump_json(), event.index)
 
 
-STREAM_RESPONSES: dict[int | str, dict] = {
-    **ERRORS,
-    200: {
-        "description": "Server-Sent Events: one `StreamResponse` per token; the last one carries "
-        "`generated_text` and `details`; a job that fails mid-way ends with an `ErrorResponse`.",
-        "content": {"text/event-stream": {"schema": {"$ref": "#/components/schemas/StreamResponse"}}},
-    },
-}
-
-
-@router.post("/generate_stream", response_class=StreamingResponse, responses=STREAM_RESPONSES)
+@router.post("/generate_stream", response_class=StreamingResponse,
+             responses={**ERRORS, 200: event_stream("StreamResponse", STREAM_DOC)})
 async def generate_stream(body: GenerateRequest, request: Request,
                           tenant: str = Depends(tenant)) -> StreamingResponse:
     """Generate tokens, streamed as Server-Sent Events in TGI's shape. A client that disconnects
     cancels its job."""
-    service: Service = request.app.state.service
-    spec = await submit(service, body, tenant)
-    return StreamingResponse(_stream(service, spec, body), media_type="text/event-stream",
-                             headers={**SSE_HEADERS, "X-Job-Id": spec.id})
+    ctx = ApiContext.of(request)
+    spec = await submit(ctx, body, tenant)
+    return stream(_stream(ctx, spec, body), error_event, spec.id)
 
 
-@router.post(
-    "/",
-    response_model=list[GenerateResponse],
-    responses={
-        **ERRORS,
-        200: {"description": "A one-element list (as TGI), or Server-Sent Events when `stream` is true.",
-              "content": {"text/event-stream": {"schema": {"$ref": "#/components/schemas/StreamResponse"}}}},
-    },
-)
+@router.post("/", response_model=list[GenerateResponse], responses={**ERRORS, 200: event_stream(
+    "StreamResponse", "A one-element list (as TGI), or with `stream: true` " + STREAM_DOC)})
 async def compat_generate(body: CompatGenerateRequest, request: Request,
                           tenant: str = Depends(tenant)):  # type: ignore[no-untyped-def]
     """TGI's compatibility route: `/generate` answering a one-element list, or `/generate_stream`

@@ -37,6 +37,17 @@ class Settings(BaseSettings):
         description="Embedded Redis data (AOF) lives under DATA_DIR/redis.",
     )
     key_prefix: str = Field(default="conveyor", description="Prefix of every Redis key.")
+    redis_max_connections: int | None = Field(
+        default=None, ge=1,
+        description="Connections in the api's Redis pool (per api process); unset: max(32, 2 × "
+        "max_concurrent_requests). A request holds one only for each command, so a burst waits for one "
+        "(redis_pool_timeout) instead of failing.",
+    )
+    redis_pool_timeout: float = Field(
+        default=5.0, gt=0,
+        description="Seconds an api request waits for a free connection of the pool before it answers "
+        "503 with Retry-After.",
+    )
     model: str | None = Field(
         default=None,
         description="Local HF model directory (Llama family) or .gguf path; unset: SmolLM2-135M-Instruct.",
@@ -132,6 +143,10 @@ class Settings(BaseSettings):
     )
     idempotency_ttl: int = Field(
         default=86400, ge=1, description="Seconds an Idempotency-Key keeps answering with its job."
+    )
+    sse_keepalive_s: float = Field(
+        default=15.0, gt=0,
+        description="Seconds without an event before an SSE stream gets a `: keep-alive` comment.",
     )
 
     # --- worker fleet -----------------------------------------------------------------------

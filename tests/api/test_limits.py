@@ -17,8 +17,8 @@ BODY = {"inputs": "Hello", "parameters": {"max_new_tokens": 5}}
 
 
 @pytest.fixture(scope="module")
-def tight_service(tmp_path_factory, redis_server, tiny_model_dir) -> Iterator[RunningService]:  # type: ignore[no-untyped-def]
-    running = start_service(tmp_path_factory.mktemp("tight"), redis_server.url, {
+def tight_service(tmp_path_factory, services_redis, tiny_model_dir) -> Iterator[RunningService]:  # type: ignore[no-untyped-def]
+    running = start_service(tmp_path_factory.mktemp("tight"), services_redis.url, {
         "CONVEYOR_MODEL": str(tiny_model_dir), "CONVEYOR_MAX_CONCURRENT_REQUESTS": "2"}, workers=0)
     yield running
     stop_service(running)

@@ -29,14 +29,52 @@ def test_every_route_is_documented(schema: dict) -> None:
     assert documented == ROUTES
 
 
+def _error_ref(response: dict) -> str:
+    return response["content"]["application/json"]["schema"]["$ref"]
+
+
 def test_generation_routes_document_every_error_in_their_dialect(schema: dict) -> None:
+    statuses = ("400", "401", "413", "422", "429", "500", "503")
     for method, path in GENERATION:
         responses = schema["paths"][path][method]["responses"]
-        assert {"400", "401", "413", "422", "429", "500"} <= set(responses), (method, path)
+        assert set(statuses) <= set(responses), (method, path)
         error = "OpenAIErrorResponse" if path.startswith("/v1") else "ErrorResponse"
-        for status in ("400", "401", "413", "422", "429", "500"):
-            ref = responses[status]["content"]["application/json"]["schema"]["$ref"]
-            assert ref.endswith("/" + error), (path, status, ref)
+        for status in statuses:
+            assert _error_ref(responses[status]).endswith("/" + error), (path, status)
+        for status in ("429", "503"):  # both say when to retry
+            assert responses[status]["headers"]["Retry-After"]["schema"] == {"type": "integer"}
+
+
+# The errors each other route can answer (besides 401 on every authenticated one), in OpenAI's shape.
+OTHER_ERRORS = {("get", "/v1/models/{model_id}"): {"404"}, ("get", "/v1/jobs"): {"422", "503"},
+                ("get", "/v1/jobs/{job_id}"): {"404", "503"}, ("get", "/v1/jobs/{job_id}/events"): {
+                    "404", "422", "503"}, ("delete", "/v1/jobs/{job_id}"): {"404", "503"}}
+
+
+def test_job_and_model_routes_document_their_errors(schema: dict) -> None:
+    for (method, path), statuses in OTHER_ERRORS.items():
+        responses = schema["paths"][path][method]["responses"]
+        assert statuses <= set(responses), (method, path, sorted(responses))
+        for status in statuses:
+            assert _error_ref(responses[status]).endswith("/OpenAIErrorResponse"), (path, status)
+
+
+def test_event_streams_are_text_naming_their_payload(schema: dict) -> None:
+    streams = {"/generate_stream": "StreamResponse", "/": "StreamResponse",
+               "/v1/chat/completions": "ChatCompletionChunk", "/v1/completions": "Completion",
+               "/v1/jobs/{job_id}/events": "JobEvent"}
+    for path, component in streams.items():
+        operation = schema["paths"][path].get("post") or schema["paths"][path]["get"]
+        sse = operation["responses"]["200"]["content"]["text/event-stream"]
+        assert sse["schema"]["type"] == "string", path  # what the wire holds: text, not one JSON object
+        assert component in sse["schema"]["description"], path
+        assert sse["x-event-data"] == {"$ref": f"#/components/schemas/{component}"}, path
+
+
+def test_health_documents_no_body_and_metrics_text(schema: dict) -> None:
+    assert "content" not in schema["paths"]["/health"]["get"]["responses"]["200"]
+    content = schema["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
+    assert [c["schema"] for c in content.values()] == [{"type": "string"}]
 
 
 def test_authenticated_routes_say_so_and_document_401(schema: dict) -> None:

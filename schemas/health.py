@@ -1,4 +1,4 @@
-"""Service probes."""
+"""Health probes: what `GET /ready` answers."""
 
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
-"""What every route needs: settings, tokenizer, job store and relay of this api process; and the
-two ways a sync or streaming request waits on its job."""
+"""What every route of this api process needs (settings, tokenizer, chat template, job store, relay,
+webhook checks), and the two ways a sync or streaming request waits on its job."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -18,6 +19,8 @@ from schemas.job import JobEvent
 from schemas.settings import Settings
 from webhooks.signing import Secrets
 from webhooks.ssrf import Allow
+
+log = logging.getLogger(__name__)
 
 
 class ClientGone(ApiError):
@@ -37,7 +40,7 @@ async def _disconnected(request: Request) -> None:
 
 
 @dataclass
-class Service:
+class ApiContext:
     settings: Settings
     tokenizer: PromptTokenizer
     jobs: JobStore
@@ -48,11 +51,23 @@ class Service:
     webhook_allow: Allow = field(default_factory=Allow)
     _background: set[asyncio.Task[None]] = field(default_factory=set)
 
+    @staticmethod
+    def of(request: Request) -> ApiContext:
+        """The context of the app serving the request (set by the app's lifespan)."""
+        context: ApiContext = request.app.state.context
+        return context
+
     def cancel_soon(self, job_id: str) -> None:
         """Cancels the job without awaiting: safe from a task that is itself being cancelled."""
         task = asyncio.get_running_loop().create_task(self.jobs.cancel(job_id))
         self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        task.add_done_callback(self._cancelled)
+
+    def _cancelled(self, task: asyncio.Task[None]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.warning("could not cancel a job whose client went away (%s: %s); its lease or deadline "
+                        "ends it", type(exc).__name__, exc)
 
     async def follow(self, job_id: str) -> AsyncIterator[JobEvent | None]:
         """The job's events until its final one, with None for keep-alive pauses. If the consumer
