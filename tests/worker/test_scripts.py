@@ -1,0 +1,34 @@
+"""The worker's Lua scripts survive Redis losing its script cache (a restart, a failover, SCRIPT
+FLUSH): the next call answers NOSCRIPT, the worker loads its scripts again and carries on. Here the
+cache is flushed between two jobs of one running worker; the second job must take, stream and
+finish as the first did, and the scripts must be back in the cache — loaded again by the worker,
+the only one that loads them."""
+
+from __future__ import annotations
+
+from redis.asyncio import Redis
+
+PROMPT = [101, 2024, 318, 257]
+N = 12
+
+
+async def cached_scripts(redis: Redis) -> int:
+    return int((await redis.info("memory"))["number_of_cached_scripts"])
+
+
+async def test_the_next_call_after_script_flush_still_works(local, make_spec) -> None:  # type: ignore[no-untyped-def]
+    async with local.worker("w-scripts"):
+        first = await local.submit(make_spec(PROMPT, max_new_tokens=N))
+        assert (await local.result(first)).status == "succeeded"
+        await local.check_events(first, N)
+        loaded = await cached_scripts(local.redis)
+        assert loaded > 0  # the worker's scripts are in the cache
+
+        await local.redis.script_flush()
+        assert await cached_scripts(local.redis) == 0
+
+        second = await local.submit(make_spec(PROMPT, max_new_tokens=N))
+        result = await local.result(second)
+        assert result.status == "succeeded" and result.usage.completion_tokens == N
+        await local.check_events(second, N)  # every index once: the re-run pipeline duplicated none
+        assert await cached_scripts(local.redis) == loaded  # loaded again after NOSCRIPT
