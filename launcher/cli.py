@@ -41,7 +41,7 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
     for name, field in Settings.model_fields.items():
         flag = "--" + name.replace("_", "-")
         help_text = (field.description or "") + f" [default: {field.get_default(call_default_factory=True)}]"
-        help_text = help_text.replace("%", "%%")  # argparse formats help with %: a literal "50-100 %" breaks it
+        help_text = help_text.replace("%", "%%")  # argparse %-formats help: a literal "100 %" breaks it
         if field.annotation is bool:
             group.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None,
                                help=help_text)

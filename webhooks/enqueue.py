@@ -5,6 +5,11 @@ RQ enqueue runs on a thread of its own with its own (blocking) Redis connection,
 engine's steps nor the step pipeline ever wait on it. The RQ job's id is the webhook id, one per
 (job, event), enqueued `unique`: a second notify of the same event (a retried pipeline, a job
 resumed by another worker) is dropped by RQ, and a receiver sees one webhook-id per event.
+
+A webhook that cannot be enqueued is never dropped silently: every way it can fail (Redis down
+after the retries, an RQ or serialization error, a notify after `close`) is logged at ERROR with
+the job's id. Every RQ key of a webhook expires (see `rq_keys.py`): `ttl` bounds a webhook that no
+webhook process ever starts, `result_ttl`/`failure_ttl` one that ended.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from schemas.job import JobSpec, WebhookEvent, webhook_id
@@ -26,6 +31,7 @@ log = logging.getLogger(__name__)
 
 DELIVER = "webhooks.delivery.deliver"  # the RQ job function, imported by the webhook process only
 ENQUEUE_TRIES = 5
+FIRST_RETRY_S = 0.2  # then doubled: 0.2 + 0.4 + 0.8 + 1.6 s between the tries
 
 
 class WebhookQueue:
@@ -33,6 +39,7 @@ class WebhookQueue:
         self.redis_url = redis_url
         self.name = keys.webhook_queue
         self.job_timeout = math.ceil(settings.webhook_timeout) + 30
+        # Past this the job's record has expired, so there is nothing left to send.
         self.keep_s = settings.result_ttl + int(sum(settings.webhook_retry_delays))
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="webhook-enqueue")
         self._queue: Queue | None = None
@@ -41,7 +48,13 @@ class WebhookQueue:
         """Enqueue the job's `event` webhook if it asked for it; returns at once."""
         if spec.webhook is None or event not in spec.webhook.events:
             return
-        self._executor.submit(self._enqueue, spec.id, spec.tenant, str(spec.webhook.url), event)
+        msg_id = webhook_id(spec.id, event)
+        try:
+            future = self._executor.submit(self._enqueue, spec.id, spec.tenant, str(spec.webhook.url), event)
+        except RuntimeError as exc:  # the executor was shut down: this process is stopping
+            _not_enqueued(msg_id, spec.id, spec.tenant, f"the webhook queue is closed ({exc})")
+            return
+        future.add_done_callback(lambda done: _check(done, msg_id, spec.id, spec.tenant))
 
     def close(self) -> None:
         """Waits for the enqueues already handed over (a worker's shutdown)."""
@@ -56,21 +69,36 @@ class WebhookQueue:
         if self._queue is None:
             self._queue = Queue(self.name, connection=Redis.from_url(self.redis_url))
         msg_id = webhook_id(job_id, event)
-        delay = 0.2
+        delay = FIRST_RETRY_S
         for attempt in range(1, ENQUEUE_TRIES + 1):
             try:
                 self._queue.enqueue_call(
                     DELIVER, args=(job_id, event, url, tenant), job_id=msg_id, unique=True,
-                    timeout=self.job_timeout, result_ttl=self.keep_s, failure_ttl=self.keep_s,
-                    description=f"webhook {event} of job {job_id}",
+                    timeout=self.job_timeout, ttl=self.keep_s, result_ttl=self.keep_s,
+                    failure_ttl=self.keep_s, description=f"webhook {event} of job {job_id}",
                 )
                 return
             except DuplicateJobError:
                 return  # enqueued before: one delivery per (job, event)
             except (RedisError, OSError) as exc:
                 if attempt == ENQUEUE_TRIES:
-                    log.error("webhook %s not enqueued, Redis unavailable (%s): it will not be sent",
-                              msg_id, exc, extra={"job_id": job_id, "tenant": tenant})
+                    _not_enqueued(msg_id, job_id, tenant, f"Redis unavailable after {attempt} tries ({exc})")
                     return
                 time.sleep(delay)
                 delay *= 2
+
+
+def _not_enqueued(msg_id: str, job_id: str, tenant: str, why: str, exc: BaseException | None = None) -> None:
+    log.error("webhook %s of job %s not enqueued, it will not be sent: %s", msg_id, job_id, why,
+              exc_info=exc, extra={"job_id": job_id, "tenant": tenant, "webhook_id": msg_id})
+
+
+def _check(done: Future[None], msg_id: str, job_id: str, tenant: str) -> None:
+    """Whatever `_enqueue` raised (an RQ that refuses the call, a bad URL, ...) is logged here:
+    an exception left in a Future nobody reads would vanish."""
+    if done.cancelled():
+        _not_enqueued(msg_id, job_id, tenant, "the enqueue was cancelled")
+        return
+    exc = done.exception()
+    if exc is not None:
+        _not_enqueued(msg_id, job_id, tenant, f"{type(exc).__name__}: {exc}", exc)

@@ -9,7 +9,7 @@ from schemas.settings import Settings
 
 
 @pytest.mark.parametrize("command", ["serve", "api", "worker", "webhooks", "model"])
-def test_help_of_every_command_renders_every_setting(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_help_of_every_command_renders_every_setting(command: str, capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exit_info:
         build_parser().parse_args([command, "--help"])
     assert exit_info.value.code == 0
