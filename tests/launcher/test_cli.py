@@ -1,6 +1,10 @@
-"""The `conveyor` CLI: every command's --help renders (argparse formats help text with %)."""
+"""The `conveyor` CLI: every command's --help renders (argparse formats help text with %), and the
+README's settings table names every setting."""
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 import pytest
 
@@ -17,3 +21,9 @@ def test_help_of_every_command_renders_every_setting(command: str, capsys: pytes
     for name in Settings.model_fields:
         assert "--" + name.replace("_", "-") in text
     assert "50-100 % of its value" in text  # a literal % in a description survives formatting
+
+
+def test_readme_settings_table_lists_every_setting_and_no_other() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    flags = set(re.findall(r"^\| `--([a-z0-9-]+)`", readme, flags=re.MULTILINE))
+    assert flags == {name.replace("_", "-") for name in Settings.model_fields}
