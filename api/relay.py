@@ -91,6 +91,8 @@ class Relay:
             return Backlog(events, events[-1].index, ended=False)
         tail: list[tuple[str, dict[str, str]]] = await self.redis.xrevrange(key, count=1)  # type: ignore[assignment]
         last = JobEvent.model_validate_json(tail[0][1]["e"]) if tail else None
+        if last is not None and last.index > after:  # written between the two reads: read them now
+            return await self.backlog(job_id, after)
         return Backlog([], -1 if last is None else last.index, ended=last is not None and last.final)
 
     async def check_resume(self, job_id: str, after: int) -> None:

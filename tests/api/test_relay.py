@@ -146,3 +146,24 @@ async def test_slow_client_catches_up_from_the_stream(redis, monkeypatch) -> Non
         assert relay.stats.resyncs >= 1 and relay.stats.replayed >= 17  # the overflow path ran
     finally:
         await relay.stop()
+
+
+async def test_a_final_event_written_between_the_backlogs_two_reads_is_delivered(redis) -> None:  # type: ignore[no-untyped-def]
+    """The backlog reads after the client's index, then the stream's tail: a short job that ends
+    between the two reads must not look ended to a client that never saw its events."""
+    publisher = worker_publisher(redis)
+    relay = Relay(redis, KEYS)
+    job = await owned(redis, "j-race")
+    real_xrange = redis.xrange
+    raced = []
+
+    async def xrange_then_the_job_ends(*args, **kwargs):  # type: ignore[no-untyped-def]
+        entries = await real_xrange(*args, **kwargs)
+        if not raced:  # the first read finds nothing; the job writes all of it right after
+            raced.append(True)
+            await publisher.publish([(job, token_event(i, final=i == 2)) for i in range(3)])
+        return entries
+
+    redis.xrange = xrange_then_the_job_ends
+    backlog = await relay.backlog("j-race", -1)
+    assert raced and [e.index for e in backlog.events] == [0, 1, 2] and not backlog.ended
