@@ -62,8 +62,10 @@ def _spec(ctx: ApiContext, body: GenerateJob | ChatJob | CompletionJob, tenant: 
 
 
 def _check_idempotency_key(key: str | None) -> None:
-    if key is not None and not (0 < len(key) <= 255 and key.isprintable() and " " not in key):
-        raise ValidationError("`Idempotency-Key` must be 1-255 printable characters without spaces",
+    # RFC 9110 header field values are ASCII; the Idempotency-Key draft allows printable ASCII only.
+    if key is not None and not (0 < len(key) <= 255 and key.isascii() and key.isprintable()
+                                and " " not in key):
+        raise ValidationError("`Idempotency-Key` must be 1-255 printable ASCII characters without spaces",
                               param="Idempotency-Key")
 
 
@@ -148,7 +150,8 @@ EVENTS_DOC = ("Server-Sent Events: `id: <index>` and `data: <JobEvent>`, ending 
 
 
 @router.get("/{job_id}/events", response_class=StreamingResponse, responses={
-    200: event_stream("JobEvent", EVENTS_DOC), **error_responses("openai", 401, 404, 422, 503, notes=NOTES)})
+    200: event_stream("JobEvent", EVENTS_DOC, "openai"),
+    **error_responses("openai", 401, 404, 422, 503, notes=NOTES)})
 async def job_events(
     job_id: str, request: Request, tenant: str = Depends(tenant),
     last_event_id: Annotated[int | None, Header(alias="Last-Event-ID", ge=-1)] = None,

@@ -48,7 +48,8 @@ FINGERPRINT = "conveyor"
 def _stream_doc(schema: str) -> dict[int | str, dict]:
     return {**ERRORS, 200: event_stream(schema, f"JSON, or with `stream: true` Server-Sent Events: "
                                         f"`data: <{schema}>` chunks, then `data: [DONE]`. A job that fails "
-                                        "mid-way sends `data: {\"error\": {...}}` instead.")}
+                                        "mid-way sends `data: {\"error\": {...}}` instead.", "openai",
+                                        done=True)}
 
 
 def error_event(error: ApiError) -> str:

@@ -54,15 +54,23 @@ def error_responses(dialect: Dialect, *statuses: int, notes: dict[int, str] | No
     return out
 
 
-def event_stream(component: str, description: str) -> dict[str, Any]:
-    """A 200 answered as SSE: text on the wire, each `data:` line one `component` as JSON. (A route
-    that answers JSON too gets its response model's `application/json` beside it.)"""
-    ref = REF.format(model=component)
+def event_stream(component: str, description: str, dialect: Dialect = "tgi",
+                 done: bool = False) -> dict[str, Any]:
+    """A 200 answered as SSE, declared as its events (`id`, `event`, `data`, as OpenAPI tools such as
+    schemathesis read a stream): each `data:` is one `component` as JSON, or the dialect's error
+    that ends a failed stream, or (OpenAI's streams, `done`) the closing `[DONE]`."""
+    def json_of(model: str) -> dict[str, Any]:
+        return {"type": "string", "contentMediaType": "application/json",
+                "contentSchema": {"$ref": REF.format(model=model)}}
+
+    data: list[dict[str, Any]] = [json_of(component), json_of(MODELS[dialect].__name__)]
+    if done:
+        data.append({"type": "string", "const": "[DONE]"})
+    event = {"type": "object", "required": ["data"], "description": f"Server-Sent Events; each `data:` "
+             f"is a `{component}` as JSON", "properties": {
+                 "id": {"type": "string"}, "event": {"type": "string"}, "data": {"anyOf": data}}}
     return {"description": description, "content": {MEDIA_TYPE: {
-        "schema": {"type": "string",
-                   "description": f"Server-Sent Events; each `data:` line is a `{component}` ({ref})"},
-        "x-event-data": {"$ref": ref},
-    }}}
+        "schema": event, "x-event-data": {"$ref": REF.format(model=component)}}}}
 
 
 def _add(components: dict[str, Any], model: type[BaseModel]) -> None:

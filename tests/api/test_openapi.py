@@ -59,15 +59,23 @@ def test_job_and_model_routes_document_their_errors(schema: dict) -> None:
             assert _error_ref(responses[status]).endswith("/OpenAIErrorResponse"), (path, status)
 
 
-def test_event_streams_are_text_naming_their_payload(schema: dict) -> None:
-    streams = {"/generate_stream": "StreamResponse", "/": "StreamResponse",
-               "/v1/chat/completions": "ChatCompletionChunk", "/v1/completions": "Completion",
-               "/v1/jobs/{job_id}/events": "JobEvent"}
-    for path, component in streams.items():
+def test_event_streams_are_events_whose_data_is_text_naming_their_payload(schema: dict) -> None:
+    streams = {"/generate_stream": ("StreamResponse", "ErrorResponse", False),
+               "/": ("StreamResponse", "ErrorResponse", False),
+               "/v1/chat/completions": ("ChatCompletionChunk", "OpenAIErrorResponse", True),
+               "/v1/completions": ("Completion", "OpenAIErrorResponse", True),
+               "/v1/jobs/{job_id}/events": ("JobEvent", "OpenAIErrorResponse", False)}
+    for path, (component, error, done) in streams.items():
         operation = schema["paths"][path].get("post") or schema["paths"][path]["get"]
         sse = operation["responses"]["200"]["content"]["text/event-stream"]
-        assert sse["schema"]["type"] == "string", path  # what the wire holds: text, not one JSON object
-        assert component in sse["schema"]["description"], path
+        event = sse["schema"]  # one SSE event: the wire holds text, not one JSON object
+        assert event["type"] == "object" and event["required"] == ["data"], path
+        data = event["properties"]["data"]["anyOf"]
+        assert all(d["type"] == "string" for d in data), path
+        payloads = [d["contentSchema"]["$ref"].rsplit("/", 1)[1] for d in data if "contentSchema" in d]
+        assert payloads == [component, error], path
+        assert ({"type": "string", "const": "[DONE]"} in data) is done, path
+        assert component in event["description"], path
         assert sse["x-event-data"] == {"$ref": f"#/components/schemas/{component}"}, path
 
 
