@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
+from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.background import BackgroundTask
 
 from api.auth import tenant
 from api.body_text import unicode_body
 from api.context import ApiContext
 from api.errors import ApiError, NotFound
-from api.openai_validation import chat_job, completion_job
+from api.fanout import collect_all, follow_all, submit_all
+from api.openai_validation import chat_job, check_stream_options, completion_jobs
 from api.openapi import BODY_ERRORS, error_responses, event_stream
 from api.sse import DONE, KEEP_ALIVE, failure, sse, stream, succeeded
 from schemas.job import EventToken, JobEvent, JobResult, JobSpec, JobStatus
@@ -88,9 +91,12 @@ def _chat_logprobs(events: list[JobEvent]) -> ChoiceLogprobs:
 
 
 def _completion_logprobs(events: list[JobEvent], offset: int) -> CompletionLogprobs:
+    """One entry per token that shows text, so `tokens` join to the choice's text. A token whose
+    text is empty (the one completing a stop sequence, one held back for a stop sequence or only
+    part of a character) has no entry: its text comes with a later token's. Usage still counts it."""
     out = CompletionLogprobs(top_logprobs=[])
     for e in events:
-        if e.token is None or e.token.special:
+        if e.token is None or e.token.special or not e.token.text:
             continue
         out.tokens.append(e.token.text)
         out.token_logprobs.append(e.token.logprob)
@@ -105,96 +111,169 @@ def _head(prefix: str, spec: JobSpec, ctx: ApiContext) -> dict[str, Any]:
             "system_fingerprint": FINGERPRINT}
 
 
+def summed_usage(parts: list[CompletionUsage]) -> CompletionUsage:
+    """The usage of a request of several jobs (one per prompt): the sum of theirs."""
+    cached = sum(p.prompt_tokens_details.cached_tokens for p in parts if p.prompt_tokens_details)
+    return CompletionUsage(prompt_tokens=sum(p.prompt_tokens for p in parts),
+                           completion_tokens=sum(p.completion_tokens for p in parts),
+                           total_tokens=sum(p.total_tokens for p in parts),
+                           prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
+
+
 ChunkModel = type[ChatCompletionChunk] | type[Completion]
 
 
-async def _chunks(
-    ctx: ApiContext, spec: JobSpec, model: ChunkModel, head: dict[str, Any], include_usage: bool,
-    choice: Callable[[JobEvent, JobResult | None], Any],
-) -> AsyncIterator[str]:
-    """A job's events as OpenAI chunks (`choice` renders one event), the usage chunk if asked for,
-    then `[DONE]`. With include_usage every chunk carries `usage` (null but in the last)."""
-    usage_null = {"usage": None} if include_usage else {}
-    result: JobResult | None = None
+async def _one(ctx: ApiContext, spec: JobSpec) -> AsyncGenerator[tuple[int, JobEvent | None], None]:
     async for event in ctx.follow(spec.id):
-        if event is None:
-            yield KEEP_ALIVE
-            continue
-        if event.final:
-            result = event.result
-            if result is None or result.status is not JobStatus.SUCCEEDED:
-                yield error_event(failure(result))
-                return
-        chunk = model(**head, choices=[choice(event, result)])
-        yield sse(json.dumps({**chunk.model_dump(mode="json", exclude={"usage"}), **usage_null}))
-        if result is not None:
-            break
-    if include_usage and result is not None:
-        yield sse(model(**head, choices=[], usage=usage(result, spec)).model_dump_json())
+        yield 0, event
+
+
+async def _chunks(
+    ctx: ApiContext, specs: list[JobSpec], model: ChunkModel, head: dict[str, Any], include_usage: bool,
+    choice: Callable[[int, JobEvent, JobResult | None], Any], ended: set[int],
+) -> AsyncIterator[str]:
+    """The jobs' events as OpenAI chunks, interleaved as they come (`choice` renders event of job i,
+    the choice of that `index`), the usage chunk (summed) if asked for, then `[DONE]`. With
+    include_usage every chunk carries `usage` (null but in the last). A job that fails ends the
+    stream with an error event; the others are then cancelled. `ended`: the jobs seen to end."""
+    usage_null = {"usage": None} if include_usage else {}
+    results: dict[int, JobResult] = {}
+    events = _one(ctx, specs[0]) if len(specs) == 1 else follow_all(ctx, specs)
+    async with aclosing(events):
+        async for i, event in events:
+            if event is None:
+                yield KEEP_ALIVE
+                continue
+            result: JobResult | None = None
+            if event.final:
+                result = event.result
+                ended.add(i)
+                if result is None or result.status is not JobStatus.SUCCEEDED:
+                    yield error_event(failure(result))
+                    return
+                results[i] = result
+            chunk = model(**head, choices=[choice(i, event, result)])
+            yield sse(json.dumps({**chunk.model_dump(mode="json", exclude={"usage"}), **usage_null}))
+            if len(results) == len(specs):
+                break
+    if include_usage and len(results) == len(specs):
+        total = summed_usage([usage(results[i], spec) for i, spec in enumerate(specs)])
+        yield sse(model(**head, choices=[], usage=total).model_dump_json())
     yield DONE
+
+
+async def _cancel_unended(ctx: ApiContext, specs: list[JobSpec], ended: set[int]) -> None:
+    for i, spec in enumerate(specs):
+        if i not in ended:
+            ctx.cancel_soon(spec.id)
+
+
+Choice = Callable[[int, JobEvent, JobResult | None], Any]
+
+
+def _stream_jobs(ctx: ApiContext, specs: list[JobSpec], model: ChunkModel, head: dict[str, Any],
+                 include_usage: bool, choice: Choice) -> StreamingResponse:
+    """The streaming answer for the jobs. Once it is over, however it ended (a client gone before
+    the first event never started the generators, whose cleanup would cancel its jobs), every job
+    it did not see end is cancelled."""
+    ended: set[int] = set()
+    response = stream(_chunks(ctx, specs, model, head, include_usage, choice, ended), error_event,
+                      ",".join(spec.id for spec in specs))
+    response.background = BackgroundTask(_cancel_unended, ctx, specs, ended)
+    return response
 
 
 @router.post("/chat/completions", response_model=ChatCompletion, responses=_stream_doc("ChatCompletionChunk"))
 async def chat_completions(body: ChatCompletionRequest, request: Request, tenant: str = Depends(tenant)):  # type: ignore[no-untyped-def]
     """Chat completion; `stream: true` streams chunks. A client that disconnects cancels its job."""
     ctx = ApiContext.of(request)
+    check_stream_options(body)
     spec = chat_job(ctx.settings, ctx.tokenizer, ctx.chat_template, body, tenant)
     await ctx.jobs.submit(spec)
     common = _head("chatcmpl", spec, ctx)
     if body.stream:
-        def choice(event: JobEvent, result: JobResult | None) -> ChunkChoice:
+        first = [True]  # OpenAI names the role in the first chunk's delta only
+
+        def choice(i: int, event: JobEvent, result: JobResult | None) -> ChunkChoice:
+            role: Literal["assistant"] | None = "assistant" if first and first.pop() else None
             return ChunkChoice(
-                delta=ChunkDelta(content=_text(event)),
+                index=i,
+                delta=ChunkDelta(role=role, content=_text(event)),
                 logprobs=_chat_logprobs([event]) if body.logprobs else None,
                 finish_reason=finish_reason(result) if result else None,  # type: ignore[arg-type]
             )
 
-        chunks = _chunks(ctx, spec, ChatCompletionChunk, common, body.include_usage, choice)
-        return stream(chunks, error_event, spec.id)
+        return _stream_jobs(ctx, [spec], ChatCompletionChunk, common, body.include_usage, choice)
     events = await ctx.collect(spec.id, request)
+    completion = chat_answer(ctx, spec, body, events)
+    return JSONResponse(completion.model_dump(mode="json"), headers={"X-Job-Id": spec.id})
+
+
+def chat_answer(ctx: ApiContext, spec: JobSpec, body: ChatCompletionRequest,
+                events: list[JobEvent]) -> ChatCompletion:
+    """The non-streaming answer of a finished chat job (also a batch line's `response.body`)."""
     result = succeeded(events[-1])
-    completion = ChatCompletion(
-        **common,
+    return ChatCompletion(
+        **_head("chatcmpl", spec, ctx),
         choices=[ChatChoice(message=AssistantMessage(content=result.generated_text),
                             logprobs=_chat_logprobs(events) if body.logprobs else None,
                             finish_reason=finish_reason(result))],  # type: ignore[arg-type]
         usage=usage(result, spec),
     )
-    return JSONResponse(completion.model_dump(mode="json"), headers={"X-Job-Id": spec.id})
 
 
 @router.post("/completions", response_model=Completion, responses=_stream_doc("Completion"))
 async def completions(body: CompletionRequest, request: Request, tenant: str = Depends(tenant)):  # type: ignore[no-untyped-def]
-    """Text completion of a raw prompt (no chat template); `stream: true` streams chunks."""
+    """Text completion of a raw prompt (no chat template); `stream: true` streams chunks. Several
+    prompts (a list of strings or of token-id lists) are one job each: choice `index` is the
+    prompt's, streamed chunks interleave, usage is summed. `X-Job-Id` lists the jobs, comma-separated."""
     ctx = ApiContext.of(request)
-    spec = completion_job(ctx.settings, ctx.tokenizer, body, tenant)
-    await ctx.jobs.submit(spec)
-    prompt_text = ctx.tokenizer.decode(spec.prompt_ids) if body.echo else ""
-    common = _head("cmpl", spec, ctx)
+    check_stream_options(body)
+    specs = completion_jobs(ctx.settings, ctx.tokenizer, body, tenant)
+    await submit_all(ctx, specs)
+    job_ids = ",".join(spec.id for spec in specs)
     if body.stream:
-        echo = [prompt_text]  # sent with the first chunk
+        echo = {i: ctx.tokenizer.decode(spec.prompt_ids) for i, spec in enumerate(specs)} if body.echo else {}
+        offsets = [0] * len(specs)  # text_offset: where each choice's next text starts
 
-        def choice(event: JobEvent, result: JobResult | None) -> CompletionChoice:
-            text = (echo.pop() if echo else "") + _text(event)
+        def choice(i: int, event: JobEvent, result: JobResult | None) -> CompletionChoice:
+            text = echo.pop(i, "") + _text(event)
+            logprobs = None
+            if body.logprobs is not None:
+                logprobs = _completion_logprobs([event], offsets[i] + len(text) - len(_text(event)))
+            offsets[i] += len(text)
             return CompletionChoice(
-                text=text,
-                logprobs=_completion_logprobs([event], 0) if body.logprobs is not None else None,
+                index=i, text=text, logprobs=logprobs,
                 finish_reason=finish_reason(result) if result else None,  # type: ignore[arg-type]
             )
 
-        chunks = _chunks(ctx, spec, Completion, common, body.include_usage, choice)
-        return stream(chunks, error_event, spec.id)
-    events = await ctx.collect(spec.id, request)
+        return _stream_jobs(ctx, specs, Completion, _head("cmpl", specs[0], ctx), body.include_usage, choice)
+    if len(specs) == 1:
+        events = await ctx.collect(specs[0].id, request)
+        completion = completion_answer(ctx, specs[0], body, events)
+    else:
+        answers = [completion_answer(ctx, spec, body, events)
+                   for spec, events in zip(specs, await collect_all(ctx, specs, request), strict=True)]
+        completion = answers[0].model_copy(update={
+            "choices": [c.model_copy(update={"index": i}) for i, a in enumerate(answers) for c in a.choices],
+            "usage": summed_usage([a.usage for a in answers if a.usage is not None]),
+        })
+    return JSONResponse(completion.model_dump(mode="json"), headers={"X-Job-Id": job_ids})
+
+
+def completion_answer(ctx: ApiContext, spec: JobSpec, body: CompletionRequest,
+                      events: list[JobEvent]) -> Completion:
+    """The non-streaming answer of a finished completion job (also a batch line's `response.body`)."""
     result = succeeded(events[-1])
-    completion = Completion(
-        **common,
+    prompt_text = ctx.tokenizer.decode(spec.prompt_ids) if body.echo else ""
+    return Completion(
+        **_head("cmpl", spec, ctx),
         choices=[CompletionChoice(
             text=prompt_text + result.generated_text,
             logprobs=_completion_logprobs(events, len(prompt_text)) if body.logprobs is not None else None,
             finish_reason=finish_reason(result))],  # type: ignore[arg-type]
         usage=usage(result, spec),
     )
-    return JSONResponse(completion.model_dump(mode="json"), headers={"X-Job-Id": spec.id})
 
 
 def _model(ctx: ApiContext) -> Model:

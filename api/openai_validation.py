@@ -1,5 +1,6 @@
 """OpenAI chat completion / completion requests → JobSpec (OpenAI's semantics: temperature 0 is
-greedy, no temperature is 1.0 and samples; one choice per request)."""
+greedy, no temperature is 1.0 and samples; one choice per job; a completion with several prompts
+is one job per prompt)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,22 @@ from schemas.job import JobSpec, SamplingSpec, StoppingSpec
 from schemas.openai import ChatCompletionRequest, CompletionRequest, _Sampling
 from schemas.settings import Settings
 
+PROMPT_LOGPROBS = "prompt logprobs are not computed yet"
 
-def _sampling(body: _Sampling, top_n_tokens: int) -> SamplingSpec:
+
+def _logit_bias(body: _Sampling, vocab: int) -> dict[int, float]:
+    """`logit_bias` keys as token ids, each inside the vocabulary (ranges: schemas/openai.py)."""
+    out: dict[int, float] = {}
+    for key, value in (body.logit_bias or {}).items():
+        token = int(key)
+        if not 0 <= token < vocab:
+            raise ValidationError(f"`logit_bias`: token id {token} is outside the vocabulary "
+                                  f"(0..{vocab - 1})", param="logit_bias")
+        out[token] = value
+    return out
+
+
+def _sampling(body: _Sampling, top_n_tokens: int, vocab: int) -> SamplingSpec:
     temperature = 1.0 if body.temperature is None else body.temperature
     top_k = body.top_k if body.top_k is not None and body.top_k > 0 else 0
     return SamplingSpec(
@@ -35,12 +50,11 @@ def _sampling(body: _Sampling, top_n_tokens: int) -> SamplingSpec:
         presence_penalty=body.presence_penalty or 0.0,
         seed=body.seed,
         top_n_tokens=top_n_tokens,
+        logit_bias=_logit_bias(body, vocab),
     )
 
 
 def _check_common(settings: Settings, body: _Sampling) -> None:
-    if body.logit_bias:
-        raise unsupported("logit_bias", "remove the field")
     check_stop(settings, body.stop_list)
 
 
@@ -79,40 +93,95 @@ def chat_job(settings: Settings, tokenizer: PromptTokenizer, template: ChatTempl
     max_new = resolve_max_new_tokens(settings, len(prompt_ids), body.max_completion_tokens or body.max_tokens,
                                      field=field, prompt_field="messages")
     stopping = StoppingSpec(max_new_tokens=max_new, stop=body.stop_list, ignore_eos=body.ignore_eos)
-    return new_spec(prompt_ids, _sampling(body, top_n), stopping, tenant, "chat")
+    return new_spec(prompt_ids, _sampling(body, top_n, tokenizer.vocab_size), stopping, tenant, "chat")
 
 
-def completion_prompt_ids(tokenizer: PromptTokenizer, body: CompletionRequest) -> list[int]:
+def completion_prompts(body: CompletionRequest) -> list[str | list[int]]:
+    """The prompts of a completion body: a string, a list of token ids, or a list of either
+    (OpenAI's and vLLM's forms). Each becomes one job."""
     prompt = body.prompt
-    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
-        if len(prompt) != 1:
-            raise ValidationError(f"`prompt`: one prompt per request is supported. Given: {len(prompt)}",
-                                  param="prompt")
-        prompt = prompt[0]  # type: ignore[assignment]
+    if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], int)):
+        return [prompt]  # type: ignore[list-item]
+    if not prompt:
+        raise ValidationError("`prompt` must not be empty", param="prompt")
+    return list(prompt)  # type: ignore[arg-type]
+
+
+def _prompt_ids(tokenizer: PromptTokenizer, prompt: str | list[int], field: str) -> list[int]:
     if isinstance(prompt, str):
         if not prompt:
-            raise ValidationError("`prompt` must not be empty", param="prompt")
+            raise ValidationError(f"`{field}` must not be empty", param=field)
         return tokenizer.encode(prompt)
-    ids = [int(t) for t in prompt]  # type: ignore[arg-type]  # token ids
+    ids = [int(t) for t in prompt]  # token ids
     if not ids:
-        raise ValidationError("`prompt` must not be empty", param="prompt")
+        raise ValidationError(f"`{field}` must not be empty", param=field)
     vocab = tokenizer.vocab_size
     bad = [t for t in ids if not 0 <= t < vocab]
     if bad:
-        raise ValidationError(f"`prompt`: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})",
-                              param="prompt")
+        raise ValidationError(f"`{field}`: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})",
+                              param=field)
     return ids
+
+
+def completion_prompt_ids(tokenizer: PromptTokenizer, body: CompletionRequest) -> list[int]:
+    """The token ids of a completion body with one prompt (an async job runs one prompt)."""
+    prompts = completion_prompts(body)
+    if len(prompts) != 1:
+        raise ValidationError(f"`prompt`: one prompt per job. Given: {len(prompts)}; send one job per "
+                              "prompt, or several prompts to /v1/completions", param="prompt")
+    return _prompt_ids(tokenizer, prompts[0], "prompt")
+
+
+def _check_completion(settings: Settings, body: CompletionRequest) -> None:
+    _check_common(settings, body)
+    if body.suffix:
+        raise unsupported("suffix", "insertion is not supported; remove the field")
+    # Scoring a prompt needs its logprobs; answering without them would be silently wrong.
+    if body.echo and body.logprobs is not None:
+        raise unsupported("echo", f"`echo` with `logprobs`: {PROMPT_LOGPROBS}; "
+                                  "send echo=false or no logprobs")
+    if body.max_tokens == 0:
+        if body.echo:
+            raise unsupported("max_tokens", f"`max_tokens` 0 with `echo` scores the prompt: "
+                                            f"{PROMPT_LOGPROBS}")
+        raise ValidationError("`max_tokens` must be >= 1. Given: 0", param="max_tokens")
+    check_top_n(settings, body.logprobs, "logprobs")
+
+
+def _completion_spec(settings: Settings, tokenizer: PromptTokenizer, body: CompletionRequest,
+                     prompt_ids: list[int], tenant: str, field: str) -> JobSpec:
+    check_prompt_length(settings, len(prompt_ids), field)
+    max_new = resolve_max_new_tokens(settings, len(prompt_ids), body.max_tokens, field="max_tokens",
+                                     prompt_field=field)
+    stopping = StoppingSpec(max_new_tokens=max_new, stop=body.stop_list, ignore_eos=body.ignore_eos)
+    sampling = _sampling(body, body.logprobs or 0, tokenizer.vocab_size)
+    return new_spec(prompt_ids, sampling, stopping, tenant, "completion")
 
 
 def completion_job(settings: Settings, tokenizer: PromptTokenizer, body: CompletionRequest,
                    tenant: str) -> JobSpec:
-    _check_common(settings, body)
-    if body.suffix:
-        raise unsupported("suffix", "insertion is not supported; remove the field")
-    check_top_n(settings, body.logprobs, "logprobs")
+    """One job for a one-prompt body (what `/v1/jobs` takes)."""
+    _check_completion(settings, body)
     prompt_ids = completion_prompt_ids(tokenizer, body)
-    check_prompt_length(settings, len(prompt_ids), "prompt")
-    max_new = resolve_max_new_tokens(settings, len(prompt_ids), body.max_tokens, field="max_tokens",
-                                     prompt_field="prompt")
-    stopping = StoppingSpec(max_new_tokens=max_new, stop=body.stop_list, ignore_eos=body.ignore_eos)
-    return new_spec(prompt_ids, _sampling(body, body.logprobs or 0), stopping, tenant, "completion")
+    return _completion_spec(settings, tokenizer, body, prompt_ids, tenant, "prompt")
+
+
+def completion_jobs(settings: Settings, tokenizer: PromptTokenizer, body: CompletionRequest,
+                    tenant: str) -> list[JobSpec]:
+    """One job per prompt; errors name the prompt (`prompt.1`) when there are several."""
+    _check_completion(settings, body)
+    prompts = completion_prompts(body)
+    # Each prompt is a job: more than max_concurrent_requests could never all be admitted.
+    if len(prompts) > settings.max_concurrent_requests:
+        raise ValidationError(f"`prompt`: at most {settings.max_concurrent_requests} prompts per request "
+                              f"(max_concurrent_requests). Given: {len(prompts)}", param="prompt")
+    fields = ["prompt"] if len(prompts) == 1 else [f"prompt.{i}" for i in range(len(prompts))]
+    return [_completion_spec(settings, tokenizer, body, _prompt_ids(tokenizer, p, f), tenant, f)
+            for p, f in zip(prompts, fields, strict=True)]
+
+
+def check_stream_options(body: _Sampling) -> None:
+    """OpenAI refuses `stream_options` on a request that does not stream (async jobs ignore both)."""
+    if body.stream_options is not None and not body.stream:
+        raise ValidationError("`stream_options` is only allowed when `stream` is true",
+                              param="stream_options")

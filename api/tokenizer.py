@@ -30,6 +30,11 @@ class PromptTokenizer:
     def encode(self, text: str) -> list[int]:
         return list(self._tokenizer.encode(text).ids)
 
+    def encode_offsets(self, text: str) -> list[tuple[int, int, int]]:
+        """(id, start, stop) per token: character offsets into `text` (TGI's /tokenize)."""
+        encoding = self._tokenizer.encode(text)
+        return [(i, start, stop) for i, (start, stop) in zip(encoding.ids, encoding.offsets, strict=True)]
+
     def decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=False)
 

@@ -3,7 +3,8 @@
 UTF-8 safety comes from `tokenizers.decoders.DecodeStream`: it buffers tokens until they decode to
 whole characters (byte-level BPE, byte-fallback), so a piece never ends in a broken character.
 On top of it, text that could still become the start of a stop sequence is held back until it
-cannot; a completed stop sequence truncates the output right before it and is never released.
+cannot; a completed stop sequence truncates the output right before it and is never released, or
+(`include_stop`, TGI's behaviour) right after it, released with the token that completed it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ _FLUSH_CONTEXT = 4
 class Detokenizer:
     """One request's output text. `push` each generated token; `flush` at a finish that is not a
     stop sequence. `generated`: tokens produced before (a resumed request), consumed at
-    construction without releasing anything, so that what was already released is not repeated."""
+    construction without releasing anything, so that what was already released is not repeated.
+    `include_stop`: the matched stop sequence ends the output instead of being cut off."""
 
     def __init__(
         self,
@@ -34,6 +36,7 @@ class Detokenizer:
         stop: tuple[str, ...],
         special_ids: AbstractSet[int],
         generated: Iterable[int] = (),
+        include_stop: bool = False,
     ) -> None:
         self._tokenizer = tokenizer
         self._backend = tokenizer.backend_tokenizer
@@ -45,6 +48,7 @@ class Detokenizer:
         self._released: list[str] = []
         self._held = ""
         self._stopped = False
+        self._include_stop = include_stop
         for token_id in generated:
             self.push(token_id)
 
@@ -55,7 +59,7 @@ class Detokenizer:
     @property
     def text(self) -> str:
         """The whole output so far, released and held back; without special tokens and without
-        the stop sequence (and what follows it) once one matched."""
+        what follows a matched stop sequence (nor the stop sequence itself, unless included)."""
         return "".join(self._released) + self._held
 
     def push(self, token_id: int) -> tuple[str, bool]:
@@ -88,10 +92,11 @@ class Detokenizer:
 
     def _release(self, pending: str) -> str:
         """Split `pending` into what can go out now and what could still start a stop sequence."""
-        cut = min((i for s in self._stop if (i := pending.find(s)) >= 0), default=-1)
+        # The earliest match; of two starting there, the shorter one completed first.
+        cut, end = min(((i, i + len(s)) for s in self._stop if (i := pending.find(s)) >= 0), default=(-1, -1))
         if cut >= 0:
             self._stopped = True
-            out, self._held = pending[:cut], ""
+            out, self._held = pending[: end if self._include_stop else cut], ""
         else:
             keep = _longest_stop_prefix_suffix(pending, self._stop)
             out, self._held = pending[: len(pending) - keep], pending[len(pending) - keep :]

@@ -114,7 +114,8 @@ class Engine:
         )
         seq.token_ids.extend(generated)
         self._detokenizers[request_id] = Detokenizer(
-            self.tokenizer, stopping.stop, self.special_ids, generated=list(generated)
+            self.tokenizer, stopping.stop, self.special_ids, generated=list(generated),
+            include_stop=stopping.include_stop_str_in_output,
         )
         self.scheduler.add(seq)
 

@@ -26,6 +26,8 @@ class SamplingParams:
     # when sampling without one, and reports it.
     seed: int | None = None
     top_n_tokens: int = 0  # alternatives reported per generated token
+    # (token id, bias) pairs added to the logits before everything else (OpenAI's logit_bias).
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     @property
     def greedy(self) -> bool:
@@ -47,3 +49,5 @@ class StoppingParams:
     max_new_tokens: int = 20
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    # The matched stop sequence ends the output (TGI) instead of being cut off (OpenAI).
+    include_stop_str_in_output: bool = False

@@ -1,7 +1,8 @@
 """Choosing the next token of every row of a batch, with per-row parameters in batched tensor ops.
 
-Pipeline, per row (Hugging Face order): repetition penalty, frequency and presence penalties,
-temperature, then top-k, top-p, typical-p, then a draw. Rows pay only for what they use: an
+Pipeline, per row (Hugging Face order, after vLLM's logit bias): logit bias, repetition penalty,
+frequency and presence penalties, temperature, then top-k, top-p, typical-p, then a draw. Rows pay
+only for what they use (a batch with no logit bias touches no logit for it): an
 all-greedy batch without penalties is an argmax, a log_softmax and an optional top-k; only rows with
 top-p or typical-p rank the vocabulary.
 
@@ -46,7 +47,7 @@ class Sampler:
         modified.
         """
         params = [seq.sampling for seq in seqs]
-        x = _apply_penalties(logits, seqs)
+        x = _apply_penalties(_apply_logit_bias(logits, seqs), seqs)
         temps = [1.0 if p.greedy else p.temperature for p in params]
         if any(t != 1.0 for t in temps):
             x = x / torch.tensor(temps, device=x.device, dtype=x.dtype)[:, None]
@@ -72,6 +73,21 @@ class Sampler:
                 n = params[i].top_n_tokens
                 top_tokens[i] = list(zip(ids[:n], values[:n], strict=True))
         return SamplerOutput(token_ids=token_ids, logprobs=chosen_logprobs, top_tokens=top_tokens)
+
+
+def _apply_logit_bias(logits: Tensor, seqs: list[Sequence]) -> Tensor:
+    """Adds each row's (token, bias) pairs to its logits (OpenAI's logit_bias). Returns `logits`
+    itself when no row has a bias; else a copy, touching only the biased entries."""
+    vocab = logits.shape[1]
+    pairs = [(i * vocab + token, bias) for i, seq in enumerate(seqs)
+             for token, bias in seq.sampling.logit_bias if 0 <= token < vocab]
+    if not pairs:
+        return logits
+    flat = torch.tensor([p[0] for p in pairs], dtype=torch.long, device=logits.device)
+    values = torch.tensor([p[1] for p in pairs], dtype=logits.dtype, device=logits.device)
+    out = logits.clone(memory_format=torch.contiguous_format)
+    out.view(-1).index_add_(0, flat, values)
+    return out
 
 
 def _apply_penalties(logits: Tensor, seqs: list[Sequence]) -> Tensor:

@@ -34,12 +34,14 @@ class SamplingSpec(BaseModel):
     presence_penalty: float = 0.0
     seed: int | None = None
     top_n_tokens: int = 0
+    logit_bias: dict[int, float] = Field(default_factory=dict)  # token id → added to its logit
 
 
 class StoppingSpec(BaseModel):
     max_new_tokens: int = Field(ge=1)
     stop: list[str] = Field(default_factory=list)
     ignore_eos: bool = False
+    include_stop_str_in_output: bool = False  # TGI: the matched stop sequence ends the text; OpenAI: not
 
 
 WebhookEvent = Literal["started", "completed"]

@@ -8,14 +8,29 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+LOGIT_BIAS_MAX_ENTRIES = 300  # OpenAI's limit
+LOGIT_BIAS_RANGE = 100.0  # a bias is in [-100, 100]
 
 
-class StreamOptions(BaseModel):
+class _NullIsAbsent(BaseModel):
+    """OpenAI's spec marks every optional field nullable: a `null` means "not given", so the
+    field's default applies (text-generation's `Client.chat` sends `"n": null, "logprobs": null`)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_nulls(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None}
+        return data
+
+
+class StreamOptions(_NullIsAbsent):
     include_usage: bool = False
 
 
-class _Sampling(BaseModel):
+class _Sampling(_NullIsAbsent):
     """Parameters common to chat completions and completions."""
 
     model_config = ConfigDict(extra="ignore")
@@ -31,7 +46,9 @@ class _Sampling(BaseModel):
     seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = Field(
+        default=None, max_length=LOGIT_BIAS_MAX_ENTRIES,
+        description="Token id (a string) → bias in [-100, 100] added to its logit; at most 300 entries.")
     user: str | None = None
     # extensions (vLLM, TGI)
     top_k: int | None = Field(default=None, ge=-1, description="Extension; -1 or 0: off.")
@@ -44,6 +61,16 @@ class _Sampling(BaseModel):
         if stop == "" or (isinstance(stop, list) and any(s == "" for s in stop)):
             raise ValueError("stop sequences must not be empty strings")
         return stop
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_range(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        for key, value in (bias or {}).items():
+            if not key.strip().lstrip("-").isdigit():
+                raise ValueError(f"keys are token ids (integers as strings); given {key!r}")
+            if not -LOGIT_BIAS_RANGE <= value <= LOGIT_BIAS_RANGE:
+                raise ValueError(f"token {key}: a bias must be in [-100, 100]; given {value}")
+        return bias
 
     @property
     def stop_list(self) -> list[str]:
@@ -89,7 +116,8 @@ class ChatCompletionRequest(_Sampling):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(default=16, ge=1, description="OpenAI's default: 16.")
+    max_tokens: int | None = Field(default=16, ge=0, description="OpenAI's default: 16. 0 (score the prompt "
+                                   "only, with `echo`) is refused until prompt logprobs exist.")
     logprobs: int | None = Field(default=None, ge=0, le=5)
     echo: bool = False
     suffix: str | None = None
@@ -150,7 +178,7 @@ class ChatCompletion(BaseModel):
 
 
 class ChunkDelta(BaseModel):
-    role: Literal["assistant"] | None = "assistant"
+    role: Literal["assistant"] | None = None  # in the first chunk only, as OpenAI
     content: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
 

@@ -25,12 +25,13 @@ def engine_params(spec: JobSpec, seed: int | None) -> tuple[SamplingParams, Stop
         do_sample=s.do_sample, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
         typical_p=s.typical_p, repetition_penalty=s.repetition_penalty,
         frequency_penalty=s.frequency_penalty, presence_penalty=s.presence_penalty,
-        seed=seed, top_n_tokens=s.top_n_tokens,
+        seed=seed, top_n_tokens=s.top_n_tokens, logit_bias=tuple(sorted(s.logit_bias.items())),
     )
     stopping = StoppingParams(
         max_new_tokens=spec.stopping.max_new_tokens,
         stop=tuple(spec.stopping.stop),
         ignore_eos=spec.stopping.ignore_eos,
+        include_stop_str_in_output=spec.stopping.include_stop_str_in_output,
     )
     return sampling, stopping
 

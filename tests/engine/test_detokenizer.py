@@ -140,3 +140,17 @@ def test_token_text_is_cached(tok: PreTrainedTokenizerFast) -> None:
     assert token_text(tok, token_id) == " world"
     assert token_text.cache_info().hits == hits + 1
     assert token_text(tok, tok.eos_token_id) == "<|im_end|>"
+
+
+def test_included_stop_ends_the_text_released_with_its_last_token(tok: PreTrainedTokenizerFast) -> None:
+    """TGI's behaviour (include_stop): the stop sequence is part of the output, nothing after it."""
+    text = "Hello world, stop here and more"
+    det = Detokenizer(tok, ("ld, st",), special_ids(tok), include_stop=True)
+    pieces, stopped = run(det, encode(tok, text))
+    assert stopped
+    assert pieces == ["Hello", " wor", "", "ld, st"]  # held back, then out with the token that completes it
+    assert det.text == "Hello world, st" == "".join(pieces)
+    assert det.flush() == "" and det.push(encode(tok, " again")[0]) == ("", True)
+    det = Detokenizer(tok, ("here", "stop"), special_ids(tok), include_stop=True)
+    pieces, stopped = run(det, encode(tok, "Hello world, stop here"))
+    assert stopped and det.text == "Hello world, stop" == "".join(pieces)

@@ -198,3 +198,12 @@ def test_nucleus_with_few_candidates_matches_transformers(
 def test_sampling_without_seed_is_an_error() -> None:
     with pytest.raises(ValueError, match="seed"):
         Sampler().sample(torch.zeros(1, 8), [seq([1], do_sample=True)])
+
+
+def test_twenty_top_n_tokens_as_openai_top_logprobs_allows() -> None:
+    logits = logits_for(2, 300)
+    out = Sampler().sample(logits, [seq([1], top_n_tokens=20), seq([1], top_n_tokens=3)])
+    expected = torch.log_softmax(logits, -1).topk(20)
+    assert [i for i, _ in out.top_tokens[0]] == expected.indices[0].tolist()
+    assert [v for _, v in out.top_tokens[0]] == pytest.approx(expected.values[0].tolist(), abs=1e-6)
+    assert [i for i, _ in out.top_tokens[1]] == expected.indices[1, :3].tolist()
