@@ -12,18 +12,21 @@ from pathlib import Path
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from api import async_jobs, errors, openai, tgi
+from api import admin, async_jobs, console_routes, errors, openai, tgi, tokenize
 from api.auth import Auth, load_api_keys
-from api.body_limit import BodyLimit
+from api.batch_runner import BatchRunner
+from api.batches import router as batches_router
 from api.chat_template import ChatTemplate
 from api.context import ApiContext
 from api.errors import REDIS_FAULTS
+from api.files import router as files_router
 from api.jobs import JobStore
 from api.metrics import ApiMetrics, RequestMetrics
 from api.openapi import openapi_schema
 from api.redis_client import api_redis
 from api.relay import Relay
 from api.tokenizer import PromptTokenizer
+from api.upload_limit import UploadLimit
 from schemas.health import Ready
 from schemas.keys import Keys
 from schemas.settings import Settings
@@ -134,9 +137,12 @@ def create_app(settings: Settings, model_dir: Path, model_id: str) -> FastAPI:
             webhook_secrets=secrets,
             webhook_allow=allow,
         )
+        app.state.batch_runner = BatchRunner(app.state.context, metrics)
+        app.state.batch_runner.start()  # advances the batches (api/batch_runner.py)
         try:
             yield
         finally:
+            await app.state.batch_runner.stop()
             await relay.stop()
             await redis.aclose()
             webhooks.close()
@@ -151,13 +157,18 @@ def create_app(settings: Settings, model_dir: Path, model_id: str) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.auth = auth
-    app.add_middleware(BodyLimit, limit=settings.payload_limit)
+    app.add_middleware(UploadLimit, limit=settings.payload_limit, upload_limit=settings.max_batch_file_bytes)
     app.add_middleware(RequestMetrics, metrics=metrics, tracing=tracing)  # outermost: sees every answer
 
     errors.install(app)
     app.include_router(tgi.router)
+    app.include_router(tokenize.router)
     app.include_router(openai.router)
     app.include_router(async_jobs.router)
+    app.include_router(files_router)
+    app.include_router(batches_router)
+    app.include_router(admin.router)
+    app.include_router(console_routes.router)
 
     @app.get("/health", tags=["Service"], response_class=Response,
              responses={200: {"description": "The process serves requests (no body)", "content": None}})

@@ -50,6 +50,12 @@ class ApiMetrics:
                                    "to this api's relay receiving it", buckets=LAG_SECONDS, registry=r)
         self.webhooks = Counter("conveyor_webhooks_enqueued", "Webhooks handed to the webhook queue (jobs "
                                 "the api ended)", ["event"], registry=r)
+        self.batches = Counter("conveyor_batches", "Batches that reached each status (validating, "
+                               "in_progress, finalizing, completed, failed, expired, cancelling, "
+                               "cancelled), counted by the api process that moved them", ["status"],
+                               registry=r)
+        self.batch_lines = Counter("conveyor_batch_lines", "Batch lines reported, by outcome (completed, "
+                                   "failed, expired, cancelled)", ["outcome"], registry=r)
 
     def ended_in_queue(self, status: JobStatus) -> None:
         self.finished.labels(status.value).inc()

@@ -80,6 +80,11 @@ class Keys:
         """Sorted set: the tenant's jobs by creation time, for listing; TTL refreshed on each submit."""
         return f"{self.prefix}:tenant:{tenant}:jobs"
 
+    @property
+    def tenant_jobs_pattern(self) -> str:
+        """Every tenant's job index (tenant names hold no ':'), for the console's fleet counts."""
+        return f"{self.prefix}:tenant:*:jobs"
+
     def tenant_active(self, tenant: str) -> str:
         """Sorted set: the tenant's jobs not yet seen terminal, by creation time (per-tenant cap)."""
         return f"{self.prefix}:tenant:{tenant}:active"
@@ -89,3 +94,42 @@ class Keys:
         """Sorted set: the jobs admitted under max_concurrent_requests not yet seen terminal, by
         creation time; TTL refreshed on each admit (api/admission.py)."""
         return f"{self.prefix}:admitted"
+
+    # --- OpenAI's Batch API (api/file_store.py, api/batch_runner.py); TTL batch_file_ttl -------
+    def file(self, file_id: str) -> str:
+        """Hash: a file's metadata (FileObject fields, tenant)."""
+        return f"{self.prefix}:file:{{{file_id}}}"
+
+    def file_lines(self, file_id: str) -> str:
+        """List: a file's lines (JSONL), appended to while a batch writes its output."""
+        return f"{self.prefix}:file:{{{file_id}}}:lines"
+
+    def file_invalid(self, file_id: str) -> str:
+        """Hash: line index → the error found at upload (BatchLineError JSON)."""
+        return f"{self.prefix}:file:{{{file_id}}}:invalid"
+
+    def tenant_files(self, tenant: str) -> str:
+        """Sorted set: the tenant's files by creation time, for listing."""
+        return f"{self.prefix}:tenant:{tenant}:files"
+
+    def batch(self, batch_id: str) -> str:
+        """Hash: a batch's state (status, timestamps, counts, cursor)."""
+        return f"{self.prefix}:batch:{{{batch_id}}}"
+
+    def batch_window(self, batch_id: str) -> str:
+        """Hash: line index → 1 for the batch's lines expanded into jobs and not yet collected."""
+        return f"{self.prefix}:batch:{{{batch_id}}}:window"
+
+    def batch_lease(self, batch_id: str) -> str:
+        """String: the api process advancing the batch now (SET NX PX), so processes do not race."""
+        return f"{self.prefix}:batch:{{{batch_id}}}:lease"
+
+    def tenant_batches(self, tenant: str) -> str:
+        """Sorted set: the tenant's batches by creation time, for listing."""
+        return f"{self.prefix}:tenant:{tenant}:batches"
+
+    @property
+    def batches_active(self) -> str:
+        """Set: batches not yet ended, which the api processes advance. No TTL: a batch leaves it when
+        it ends."""
+        return f"{self.prefix}:batches:active"

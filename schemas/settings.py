@@ -87,6 +87,11 @@ class Settings(BaseSettings):
         default=False,
         description="Serve without API keys on a non-loopback host (without keys the api refuses to).",
     )
+    admin_tenants: str | None = Field(
+        default=None,
+        description="Tenants whose API keys may use the operator endpoints (`/v1/admin/*`: dead letters) "
+        "and the console's operator pages, comma-separated; with no API keys configured everyone may.",
+    )
 
     # --- request limits (TGI names) ---------------------------------------------------------
     max_concurrent_requests: int = Field(
@@ -104,7 +109,10 @@ class Settings(BaseSettings):
     )
     max_best_of: int = Field(default=1, ge=1, le=1, description="best_of > 1 is not supported yet.")
     max_stop_sequences: int = Field(default=4, ge=0, description="Stop sequences per request.")
-    max_top_n_tokens: int = Field(default=5, ge=0, description="Alternatives per token (top_n_tokens).")
+    max_top_n_tokens: int = Field(
+        default=20, ge=0,
+        description="Alternatives per token (top_n_tokens, top_logprobs); TGI's default is 5."
+    )
     default_max_new_tokens: int = Field(
         default=100, ge=1, description="max_new_tokens when a request does not give one."
     )
@@ -147,6 +155,24 @@ class Settings(BaseSettings):
     sse_keepalive_s: float = Field(
         default=15.0, gt=0,
         description="Seconds without an event before an SSE stream gets a `: keep-alive` comment.",
+    )
+
+    # --- batches (OpenAI's Batch API: /v1/files, /v1/batches) ------------------------------
+    max_batch_file_bytes: int = Field(
+        default=50_000_000, ge=1024,
+        description="Largest file accepted by POST /v1/files, in bytes (files live in Redis); larger: 413.",
+    )
+    max_batch_requests: int = Field(
+        default=50_000, ge=1, description="Request lines in one batch input file; more: 422.",
+    )
+    batch_file_ttl: int = Field(
+        default=7 * 86400, ge=60,
+        description="Seconds an uploaded file, a batch's output and error files and the batch itself live.",
+    )
+    batch_window: int = Field(
+        default=32, ge=1,
+        description="Lines of one batch queued or running at once: a batch is expanded into jobs this many "
+        "at a time (lowest priority), so an interactive request waits behind at most this many of its lines.",
     )
 
     # --- worker fleet -----------------------------------------------------------------------
