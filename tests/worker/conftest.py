@@ -6,6 +6,7 @@ CPU, the real code path), the real valkey-server, and jobs submitted exactly as 
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import signal
 import subprocess
@@ -220,7 +221,14 @@ class Local(Jobs):
             yield worker
         finally:
             worker.stop()
-            await asyncio.wait_for(task, 60)
+            done, _ = await asyncio.wait({task}, timeout=60)
+            if not done:  # say where it hangs before failing: every task's stack, then cancel it
+                stacks = io.StringIO()
+                for running in asyncio.all_tasks():
+                    running.print_stack(limit=8, file=stacks)
+                task.cancel()
+                raise AssertionError(f"worker {worker_id} did not stop within 60 s: {stacks.getvalue()}")
+            task.result()
             await client.aclose()
 
 
