@@ -181,7 +181,9 @@ def test_the_dead_letter_page_is_for_operators_only(browser: Any, console_servic
     browser.find_element(CSS, f"[data-entry='{other}'] [data-testid=delete]").click()
     browser.switch_to.alert.accept()  # "Delete dead-letter entry …?"
     until(lambda: f"Deleted entry {other}" in text(browser, "main"), "the delete notice")
-    assert not browser.find_elements(CSS, f"[data-entry='{other}'], [data-entry='{entry_id}']")
+    # The list is drawn again after the notice: wait for it rather than read it mid-redraw.
+    until(lambda: not browser.find_elements(CSS, f"[data-entry='{other}'], [data-entry='{entry_id}']"),
+          "both entries gone from the page")
 
 
 @pytest.fixture(autouse=True)
