@@ -13,6 +13,7 @@ import uuid
 
 from redis.asyncio import Redis
 
+from api.paging import newest_first
 from schemas.batch import COMPLETION_WINDOW_S, Batch, BatchCreate, BatchErrors, RequestCounts
 from schemas.keys import Keys
 from schemas.settings import Settings
@@ -124,12 +125,6 @@ class BatchStore:
 
     async def page(self, tenant: str, limit: int, after: str | None) -> tuple[list[Batch], bool]:
         """The tenant's batches, newest first, after the batch `after`; and whether more follow."""
-        index = self.keys.tenant_batches(tenant)
-        top = "+inf"
-        if after is not None:
-            score = await self.redis.zscore(index, after)
-            if score is not None:
-                top = f"({score!r}"
-        ids: list[str] = await self.redis.zrevrangebyscore(index, top, "-inf", start=0, num=limit + 1)  # type: ignore[assignment]
-        batches = [await self.get(tenant, i) for i in ids[:limit]]
-        return [b for b in batches if b is not None], len(ids) > limit
+        ids, more = await newest_first(self.redis, self.keys.tenant_batches(tenant), limit, after)
+        batches = [await self.get(tenant, i) for i in ids]
+        return [b for b in batches if b is not None], more

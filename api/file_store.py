@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 
 from redis.asyncio import Redis
 
+from api.paging import newest_first
 from schemas.batch import FileObject, LineError
 from schemas.keys import Keys
 
@@ -116,12 +117,6 @@ class FileStore:
 
     async def page(self, tenant: str, limit: int, after: str | None) -> tuple[list[FileObject], bool]:
         """The tenant's files, newest first, after the file `after`; and whether more follow."""
-        index = self.keys.tenant_files(tenant)
-        top = "+inf"
-        if after is not None:
-            score = await self.redis.zscore(index, after)
-            if score is not None:
-                top = f"({score!r}"
-        ids: list[str] = await self.redis.zrevrangebyscore(index, top, "-inf", start=0, num=limit + 1)  # type: ignore[assignment]
-        metas = [await self.meta(tenant, i) for i in ids[:limit]]
-        return [m for m in metas if m is not None], len(ids) > limit
+        ids, more = await newest_first(self.redis, self.keys.tenant_files(tenant), limit, after)
+        metas = [await self.meta(tenant, i) for i in ids]
+        return [m for m in metas if m is not None], more

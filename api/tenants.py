@@ -10,7 +10,7 @@ from __future__ import annotations
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
-from api.errors import ValidationError
+from api.paging import newest_first
 from schemas.job import JobSpec
 from schemas.keys import Keys
 from schemas.settings import Settings
@@ -35,13 +35,5 @@ class TenantIndex:
 
     async def page(self, tenant: str, limit: int, after: str | None) -> tuple[list[str], bool]:
         """Job ids of the tenant, newest first, after the job `after`; and whether more follow."""
-        index = self.keys.tenant_jobs(tenant)
-        top: str = "+inf"
-        if after is not None:
-            score = await self.redis.zscore(index, after)
-            if score is None:
-                raise ValidationError(f"after: no job {after!r} in this tenant's list", param="after")
-            top = f"({score!r}"
-        ids: list[str] = await self.redis.zrevrangebyscore(  # type: ignore[assignment]
-            index, top, "-inf", start=0, num=limit + 1)
-        return ids[:limit], len(ids) > limit
+        return await newest_first(self.redis, self.keys.tenant_jobs(tenant), limit, after,
+                                  unknown_after="job")
