@@ -105,7 +105,8 @@ class BatchRunner:
             except Exception:  # a bug must not end the loop: the batches would stop for this process
                 log.exception("batches not advanced; retrying")
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), TICK_S)
+                async with asyncio.timeout(TICK_S):  # (wait_for may drop a cancel on Python 3.11)
+                    await self._wake.wait()
             self._wake.clear()
 
     async def tick(self) -> None:

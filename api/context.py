@@ -101,6 +101,7 @@ class ApiContext:
             if not collecting.done():
                 collecting.cancel()  # follow() cancels the job
         if collecting not in done:
+            self.cancel_soon(job_id)  # also follow()'s on its way out; a second cancel is a no-op
             raise ClientGone(f"the client of job {job_id} went away: the job was cancelled")
         events = collecting.result()
         if not events or not events[-1].final:

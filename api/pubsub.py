@@ -121,7 +121,8 @@ class Subscriptions:
         confirmed = self._confirmed.get(channel)
         if confirmed is not None:
             try:
-                await asyncio.wait_for(confirmed.wait(), timeout=CONFIRM_TIMEOUT_S)
+                async with asyncio.timeout(CONFIRM_TIMEOUT_S):  # (wait_for may drop a cancel on 3.11)
+                    await confirmed.wait()
             except TimeoutError:
                 raise RedisConnectionError(f"Redis did not confirm a subscription within "
                                            f"{CONFIRM_TIMEOUT_S:.0f} s") from None

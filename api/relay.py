@@ -184,7 +184,10 @@ class Relay:
             if timeout <= 0:
                 return None
             try:
-                item = await asyncio.wait_for(listener.queue.get(), timeout=timeout)
+                # Not wait_for: on Python 3.11 it drops a cancellation that lands as the get completes,
+                # and a sync request whose client left would then follow its job to the end.
+                async with asyncio.timeout(timeout):
+                    item = await listener.queue.get()
             except TimeoutError:
                 continue
             if item is not Signal.DOWN:  # DOWN only wakes the wait, to start the outage clock

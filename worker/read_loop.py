@@ -42,7 +42,8 @@ class ReadLoop:
             if room <= 0:
                 self.room.clear()
                 with suppress(TimeoutError):
-                    await asyncio.wait_for(self.room.wait(), timeout=0.5)
+                    async with asyncio.timeout(0.5):  # (wait_for may drop a cancel on Python 3.11)
+                        await self.room.wait()
                 continue
             try:
                 streams = {self.keys.jobs_stream: ">"}

@@ -15,7 +15,7 @@ import httpx
 from tests.api.conftest import TERMINAL, auth, blocks_used, until
 from tests.api.sse import events
 
-MAX_NEW = 2000
+MAX_NEW = 4000  # max_total_tokens is 4096: as long a job as the service takes
 LONG = {"inputs": "Count forever", "parameters": {"max_new_tokens": MAX_NEW}}
 
 
@@ -31,7 +31,7 @@ def ended(service, job_id: str) -> dict:  # type: ignore[no-untyped-def]
 
 def assert_cancelled_mid_way(service, job_id: str) -> None:  # type: ignore[no-untyped-def]
     final = ended(service, job_id)
-    assert final["status"] == "cancelled", final
+    assert final["status"] == "cancelled", (final["status"], final.get("result"), final.get("timings"))
     assert final["result"]["finish_reason"] == "cancelled"
     assert final["result"]["usage"]["completion_tokens"] < MAX_NEW  # stopped early, not run out
     until(lambda: blocks_used(service) == 0, "the worker freed the job's KV blocks")
@@ -67,8 +67,9 @@ def test_sync_client_disconnect_cancels_its_job(tiny_service) -> None:  # type: 
     with socket.create_connection((url.hostname, url.port), timeout=30) as client:
         client.sendall(head.encode() + body)
         [job_id] = until(lambda: alices_jobs(tiny_service) - before, "the sync request's job was listed")
-        until(lambda: job(tiny_service, job_id)["status"] == "running" and blocks_used(tiny_service) > 0,
-              "the job is generating")
+        # Gone as soon as a worker started it (the record says so before its first token; the KV
+        # blocks show in a heartbeat only later, by when a fast machine may be far into the job).
+        until(lambda: job(tiny_service, job_id)["status"] == "running", "the job is generating")
     assert_cancelled_mid_way(tiny_service, job_id)
 
 
