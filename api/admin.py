@@ -21,25 +21,16 @@ from pydantic import BaseModel, Field, ValidationError
 
 from api.auth import admin_tenant
 from api.context import ApiContext
-from api.errors import ApiError, NotFound
+from api.errors import Conflict, NotFound
 from api.errors import ValidationError as InvalidRequest
-from api.openapi import MODELS, error_responses
+from api.openapi import error_responses
 from schemas.job import JobSpec, JobStatus, RecordField
 from schemas.jobs_api import MAX_TTL_S, JobAccepted, JobUrls
 
 router = APIRouter(prefix="/v1/admin", tags=["Admin"])
 
 ENTRY_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
-FORBIDDEN = {403: {"model": MODELS["openai"], "description": "The key's tenant is not in `admin_tenants`"}}
-CONFLICT = {409: {"model": MODELS["openai"], "description": "The job is queued or running already"}}
 ENTRY_404 = {404: "No such dead-letter entry"}
-
-
-class Conflict(ApiError):
-    status_code = 409
-    error_type = "conflict"
-    openai_type = "invalid_request_error"
-    code = "conflict"
 
 
 class DeadLetter(BaseModel):
@@ -117,7 +108,7 @@ def _view(entry_id: str, fields: dict[str, str], status: str | None) -> DeadLett
 
 
 @router.get("/dead-letters", response_model=DeadLetterList,
-            responses={**error_responses("openai", 401, 422, 503), **FORBIDDEN})
+            responses=error_responses("openai", 401, 403, 422, 503))
 async def list_dead_letters(
     request: Request, _admin: str = Depends(admin_tenant),
     limit: Annotated[int, Query(ge=1, le=100)] = 50,
@@ -150,7 +141,7 @@ async def _entry(ctx: ApiContext, entry_id: str) -> dict[str, str]:
 
 @router.post("/dead-letters/{entry_id}/requeue", status_code=202, response_model=JobAccepted, responses={
     202: {"description": "Requeued: the job is queued again, with a whole max_attempts budget"},
-    **error_responses("openai", 400, 401, 404, 413, 422, 429, 503, notes=ENTRY_404), **FORBIDDEN, **CONFLICT})
+    **error_responses("openai", 400, 401, 403, 404, 409, 413, 422, 429, 503, notes=ENTRY_404)})
 async def requeue_dead_letter(
     entry_id: EntryId, request: Request, _admin: str = Depends(admin_tenant),
     body: Annotated[RequeueRequest | None, Body()] = None,
@@ -188,7 +179,7 @@ async def requeue_dead_letter(
 
 
 @router.delete("/dead-letters/{entry_id}", response_model=Deleted,
-               responses={**error_responses("openai", 401, 404, 422, 503, notes=ENTRY_404), **FORBIDDEN})
+               responses=error_responses("openai", 401, 403, 404, 422, 503, notes=ENTRY_404))
 async def delete_dead_letter(entry_id: EntryId, request: Request,
                              _admin: str = Depends(admin_tenant)) -> Deleted:
     """Remove the entry from the dead-letter stream (the job's record, if it still lives, is kept)."""

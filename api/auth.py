@@ -13,7 +13,7 @@ import logging
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from api.errors import ApiError, Unauthorized
+from api.errors import Forbidden, Unauthorized
 from schemas.settings import Settings, read_string_map
 
 log = logging.getLogger(__name__)
@@ -67,13 +67,6 @@ async def tenant(
     """FastAPI dependency: the caller's tenant (401 without a valid key when keys are configured)."""
     auth: Auth = request.app.state.auth
     return auth.tenant(credentials)
-
-
-class Forbidden(ApiError):
-    status_code = 403
-    error_type = "forbidden"
-    openai_type = "permission_error"
-    code = "forbidden"
 
 
 def admin_tenants(settings: Settings) -> frozenset[str]:

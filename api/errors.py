@@ -86,11 +86,25 @@ class Overloaded(ApiError):
         super().__init__("Model is overloaded", headers={"Retry-After": str(retry_after)})
 
 
+class Forbidden(ApiError):
+    status_code = 403
+    error_type = "forbidden"
+    openai_type = "permission_error"
+    code = "forbidden"
+
+
 class NotFound(ApiError):
     status_code = 404
     error_type = "not_found"
     openai_type = "invalid_request_error"
     code = "not_found"
+
+
+class Conflict(ApiError):
+    status_code = 409
+    error_type = "conflict"
+    openai_type = "invalid_request_error"
+    code = "conflict"
 
 
 class MethodNotAllowed(ApiError):

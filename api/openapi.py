@@ -30,7 +30,9 @@ MODELS: dict[Dialect, type[BaseModel]] = {"tgi": ErrorResponse, "openai": OpenAI
 DESCRIPTIONS = {
     400: "Malformed JSON",
     401: "Missing or invalid API key",
+    403: "The key's tenant is not in `admin_tenants`",
     404: "Not found",
+    409: "The job is queued or running already",
     413: "Request body larger than payload_limit",
     422: "Invalid parameter (the message names it and its limit; OpenAI's `param` names it too)",
     429: "Model is overloaded: retry after `Retry-After` seconds",
