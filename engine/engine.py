@@ -22,6 +22,7 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import Detokenizer, token_text
 from engine.events import TokenEvent, TopToken
+from engine.grammar import GrammarCompiler
 from engine.params import SamplingParams, StoppingParams
 from engine.sampler import Sampler
 from engine.scheduler import Scheduler
@@ -64,6 +65,7 @@ class Engine:
         self.block_manager = BlockManager(runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager, clock, max_model_len=max_model_len)
         self.sampler = Sampler()
+        self.grammars = GrammarCompiler(tokenizer, self.eos_token_ids)
         self._detokenizers: dict[str, Detokenizer] = {}
         self._steps = 0
         # (chunks, step seconds, forward seconds) of recent steps: the engine's own overhead.
@@ -113,6 +115,8 @@ class Engine:
             deadline=deadline,
         )
         seq.token_ids.extend(generated)
+        if sampling.grammar is not None:
+            seq.matcher = self.grammars.matcher(sampling.grammar, list(generated))
         self._detokenizers[request_id] = Detokenizer(
             self.tokenizer, stopping.stop, self.special_ids, generated=list(generated),
             include_stop=stopping.include_stop_str_in_output,
@@ -153,6 +157,8 @@ class Engine:
                 sampling_seqs, sampled.token_ids, sampled.logprobs, sampled.top_tokens, strict=True
             ):
                 seq.append_token(token_id)
+                if seq.matcher is not None:
+                    seq.matcher.advance(token_id)
                 events.append(self._token_event(seq, token_id, logprob, top))
         step_s = time.perf_counter() - started
         self._timings.append((len(output.chunks), step_s, forward_s))

@@ -10,6 +10,15 @@ from dataclasses import dataclass
 
 
 @dataclass(slots=True, frozen=True)
+class Grammar:
+    """What the output must match (engine/grammar.py compiles it). `kind`: json_schema | json_object
+    | regex | lark; `value`: the schema as JSON text, the regex, the Lark grammar (schemas/grammar.py)."""
+
+    kind: str
+    value: str = ""
+
+
+@dataclass(slots=True, frozen=True)
 class SamplingParams:
     """How the next token is chosen. `do_sample=False` (the default) is greedy decoding."""
 
@@ -28,6 +37,8 @@ class SamplingParams:
     top_n_tokens: int = 0  # alternatives reported per generated token
     # (token id, bias) pairs added to the logits before everything else (OpenAI's logit_bias).
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # Constrains the output (structured output, tool calls): only tokens the grammar allows.
+    grammar: Grammar | None = None
 
     @property
     def greedy(self) -> bool:

@@ -1,6 +1,7 @@
 """Choosing the next token of every row of a batch, with per-row parameters in batched tensor ops.
 
-Pipeline, per row (Hugging Face order, after vLLM's logit bias): logit bias, repetition penalty,
+Pipeline, per row (Hugging Face order, after vLLM's grammar mask and logit bias): the grammar's
+token mask (rows with a grammar only), logit bias, repetition penalty,
 frequency and presence penalties, temperature, then top-k, top-p, typical-p, then a draw. Rows pay
 only for what they use (a batch with no logit bias touches no logit for it): an
 all-greedy batch without penalties is an argmax, a log_softmax and an optional top-k; only rows with
@@ -47,7 +48,7 @@ class Sampler:
         modified.
         """
         params = [seq.sampling for seq in seqs]
-        x = _apply_penalties(_apply_logit_bias(logits, seqs), seqs)
+        x = _apply_penalties(_apply_logit_bias(_apply_grammar(logits, seqs), seqs), seqs)
         temps = [1.0 if p.greedy else p.temperature for p in params]
         if any(t != 1.0 for t in temps):
             x = x / torch.tensor(temps, device=x.device, dtype=x.dtype)[:, None]
@@ -73,6 +74,20 @@ class Sampler:
                 n = params[i].top_n_tokens
                 top_tokens[i] = list(zip(ids[:n], values[:n], strict=True))
         return SamplerOutput(token_ids=token_ids, logprobs=chosen_logprobs, top_tokens=top_tokens)
+
+
+def _apply_grammar(logits: Tensor, seqs: list[Sequence]) -> Tensor:
+    """Sets to -inf the logits of the tokens a row's grammar forbids (structured output). Returns
+    `logits` itself when no row has a grammar; else a copy, changing only the grammar rows."""
+    rows = [i for i, seq in enumerate(seqs) if seq.matcher is not None]
+    if not rows:
+        return logits
+    vocab = logits.shape[1]
+    allowed = torch.stack([seqs[i].matcher.allowed(vocab) for i in rows]).to(logits.device)  # type: ignore[union-attr]
+    out = logits.clone(memory_format=torch.contiguous_format)
+    index = torch.tensor(rows, device=logits.device)
+    out[index] = out[index].masked_fill(~allowed, float("-inf"))
+    return out
 
 
 def _apply_logit_bias(logits: Tensor, seqs: list[Sequence]) -> Tensor:

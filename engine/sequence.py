@@ -6,7 +6,12 @@ import itertools
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from typing import TYPE_CHECKING
+
 from engine.params import SamplingParams, StoppingParams
+
+if TYPE_CHECKING:
+    from engine.grammar import GrammarMatcher
 
 
 class FinishReason(StrEnum):
@@ -54,6 +59,7 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None  # set with status FINISHED, never without it
     order: int = field(default_factory=lambda: next(_arrival_counter))
+    matcher: GrammarMatcher | None = None  # where the output stands in `sampling.grammar`
 
     def __post_init__(self) -> None:
         if not self.token_ids:
