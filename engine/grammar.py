@@ -34,7 +34,8 @@ def grammar_text(grammar: Grammar) -> str:
     if grammar.kind == "json_schema":
         return llguidance.LLMatcher.grammar_from_json_schema(grammar.value, defaults=JSON_OPTIONS)
     if grammar.kind == "json_object":
-        return llguidance.LLMatcher.grammar_from_json_schema(json.dumps({"type": "object"}), defaults=JSON_OPTIONS)
+        any_object = json.dumps({"type": "object"})
+        return llguidance.LLMatcher.grammar_from_json_schema(any_object, defaults=JSON_OPTIONS)
     if grammar.kind == "regex":
         return llguidance.LLMatcher.grammar_from_regex(grammar.value)
     if grammar.kind == "lark":

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 from enum import StrEnum
-
 from typing import TYPE_CHECKING
 
 from engine.params import SamplingParams, StoppingParams

@@ -90,7 +90,10 @@ def engine(tiny_model_dir: Path) -> Engine:
     return Engine.from_pretrained(tiny_model_dir, EngineConfig(kv_cache_memory=64 * 1024**2, device="cpu"))
 
 
-def run(engine: Engine, requests: dict[str, tuple[SamplingParams, list[int]]], max_new: int = 40) -> dict[str, list[int]]:
+Requests = dict[str, tuple[SamplingParams, list[int]]]
+
+
+def run(engine: Engine, requests: Requests, max_new: int = 40) -> dict[str, list[int]]:
     for rid, (sampling, generated) in requests.items():
         engine.add(rid, [1, 2, 3], sampling, StoppingParams(max_new_tokens=max_new), generated=generated)
     tokens: dict[str, list[int]] = {rid: list(g) for rid, (_, g) in requests.items()}
