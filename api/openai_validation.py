@@ -8,6 +8,7 @@ from typing import Any
 
 from api.chat_template import ChatTemplate
 from api.errors import ValidationError
+from api.grammar import from_response_format
 from api.tokenizer import PromptTokenizer
 from api.validation import (
     check_prompt_length,
@@ -18,8 +19,9 @@ from api.validation import (
     resolve_max_new_tokens,
     unsupported,
 )
+from schemas.grammar import GrammarSpec
 from schemas.job import JobSpec, SamplingSpec, StoppingSpec
-from schemas.openai import ChatCompletionRequest, CompletionRequest, _Sampling
+from schemas.openai import ChatCompletionRequest, CompletionRequest, ResponseFormat, _Sampling
 from schemas.settings import Settings
 
 PROMPT_LOGPROBS = "prompt logprobs are not computed yet"
@@ -37,7 +39,8 @@ def _logit_bias(body: _Sampling, vocab: int) -> dict[int, float]:
     return out
 
 
-def _sampling(body: _Sampling, top_n_tokens: int, vocab: int) -> SamplingSpec:
+def _sampling(body: _Sampling, top_n_tokens: int, vocab: int,
+              grammar: GrammarSpec | None = None) -> SamplingSpec:
     temperature = 1.0 if body.temperature is None else body.temperature
     top_k = body.top_k if body.top_k is not None and body.top_k > 0 else 0
     return SamplingSpec(
@@ -51,7 +54,12 @@ def _sampling(body: _Sampling, top_n_tokens: int, vocab: int) -> SamplingSpec:
         seed=body.seed,
         top_n_tokens=top_n_tokens,
         logit_bias=_logit_bias(body, vocab),
+        grammar=grammar,
     )
+
+
+def _dumped(rf: ResponseFormat | None) -> dict[str, Any] | None:
+    return rf.model_dump() if rf is not None else None
 
 
 def _check_common(settings: Settings, body: _Sampling) -> None:
@@ -80,8 +88,6 @@ def chat_job(settings: Settings, tokenizer: PromptTokenizer, template: ChatTempl
     _check_common(settings, body)
     if body.tools:
         raise unsupported("tools", "tool calls are not generated; remove the field")
-    if body.response_format is not None and body.response_format.type != "text":
-        raise unsupported("response_format", f"type {body.response_format.type!r}; only 'text'")
     if body.top_logprobs and not body.logprobs:
         raise ValidationError("`top_logprobs` needs `logprobs` set to true", param="top_logprobs")
     top_n = (body.top_logprobs or 0) if body.logprobs else 0
@@ -93,7 +99,9 @@ def chat_job(settings: Settings, tokenizer: PromptTokenizer, template: ChatTempl
     max_new = resolve_max_new_tokens(settings, len(prompt_ids), body.max_completion_tokens or body.max_tokens,
                                      field=field, prompt_field="messages")
     stopping = StoppingSpec(max_new_tokens=max_new, stop=body.stop_list, ignore_eos=body.ignore_eos)
-    return new_spec(prompt_ids, _sampling(body, top_n, tokenizer.vocab_size), stopping, tenant, "chat")
+    grammar = from_response_format(settings, _dumped(body.response_format))
+    sampling = _sampling(body, top_n, tokenizer.vocab_size, grammar)
+    return new_spec(prompt_ids, sampling, stopping, tenant, "chat")
 
 
 def completion_prompts(body: CompletionRequest) -> list[str | list[int]]:
@@ -154,7 +162,8 @@ def _completion_spec(settings: Settings, tokenizer: PromptTokenizer, body: Compl
     max_new = resolve_max_new_tokens(settings, len(prompt_ids), body.max_tokens, field="max_tokens",
                                      prompt_field=field)
     stopping = StoppingSpec(max_new_tokens=max_new, stop=body.stop_list, ignore_eos=body.ignore_eos)
-    sampling = _sampling(body, body.logprobs or 0, tokenizer.vocab_size)
+    grammar = from_response_format(settings, _dumped(body.response_format))
+    sampling = _sampling(body, body.logprobs or 0, tokenizer.vocab_size, grammar)
     return new_spec(prompt_ids, sampling, stopping, tenant, "completion")
 
 

@@ -9,6 +9,7 @@ import time
 
 from api.chat_template import ChatTemplate, ChatTemplateError
 from api.errors import ValidationError
+from api.grammar import from_tgi
 from api.jobs import new_job_id
 from api.tokenizer import PromptTokenizer
 from schemas.job import JobKind, JobSpec, SamplingSpec, StoppingSpec
@@ -64,8 +65,6 @@ def check_tgi(settings: Settings, p: GenerateParameters) -> None:
         )
     if p.watermark:
         raise unsupported("watermark", "send watermark=false")
-    if p.grammar is not None:
-        raise unsupported("grammar", "remove the field")
     if p.adapter_id is not None:
         raise unsupported("adapter_id", "remove the field")
     if p.decoder_input_details:
@@ -122,6 +121,7 @@ def tgi_job(settings: Settings, tokenizer: PromptTokenizer, template: ChatTempla
         presence_penalty=p.presence_penalty or 0.0,
         seed=p.seed,
         top_n_tokens=p.top_n_tokens or 0,
+        grammar=from_tgi(settings, p.grammar) if p.grammar is not None else None,
     )
     # As TGI: a matched stop sequence ends `generated_text` (OpenAI's `stop` cuts it off).
     stopping = StoppingSpec(max_new_tokens=max_new_tokens, stop=p.stop, include_stop_str_in_output=True)

@@ -11,7 +11,6 @@ EOS is one of the grammar's tokens: the mask allows it only where the grammar ac
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
 from typing import Any
 
@@ -20,27 +19,9 @@ import torch
 from torch import Tensor
 
 from engine.params import Grammar
+from schemas.grammar import llguidance_grammar
 
 _CACHE_SIZE = 64
-# Separators as json.dumps writes them and no other whitespace: a JSON document then ends within a
-# bound wherever the schema bounds its strings, numbers and arrays (flexible whitespace lets a model
-# emit newlines forever).
-JSON_OPTIONS: llguidance.JsonCompileOptions = {
-    "whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-
-
-def grammar_text(grammar: Grammar) -> str:
-    """llguidance's grammar for a request's; no check here (the api validated it)."""
-    if grammar.kind == "json_schema":
-        return llguidance.LLMatcher.grammar_from_json_schema(grammar.value, defaults=JSON_OPTIONS)
-    if grammar.kind == "json_object":
-        any_object = json.dumps({"type": "object"})
-        return llguidance.LLMatcher.grammar_from_json_schema(any_object, defaults=JSON_OPTIONS)
-    if grammar.kind == "regex":
-        return llguidance.LLMatcher.grammar_from_regex(grammar.value)
-    if grammar.kind == "lark":
-        return llguidance.LLMatcher.grammar_from_lark(grammar.value)
-    raise ValueError(f"unknown grammar kind {grammar.kind!r}")
 
 
 class GrammarCompiler:
@@ -62,7 +43,8 @@ class GrammarCompiler:
         """A fresh matcher for one sequence, advanced over the tokens it already has (a resume)."""
         template = self._cache.get(grammar)
         if template is None:
-            template = llguidance.LLMatcher(self.tokenizer, grammar_text(grammar), log_level=0)
+            text = llguidance_grammar(grammar.kind, grammar.value)
+            template = llguidance.LLMatcher(self.tokenizer, text, log_level=0)
             self._cache[grammar] = template
             if len(self._cache) > _CACHE_SIZE:
                 self._cache.popitem(last=False)

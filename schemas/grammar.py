@@ -21,3 +21,36 @@ class GrammarSpec(BaseModel, frozen=True):
 
     kind: GrammarKind
     value: str = ""
+
+
+# Separators as json.dumps writes them and no other whitespace: a JSON document then ends within a
+# bound wherever the schema bounds its strings, numbers and arrays (flexible whitespace would let a
+# model emit newlines forever).
+_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def llguidance_grammar(kind: str, value: str) -> str:
+    """llguidance's grammar text for a spec (the engine compiles it; the api validates it)."""
+    import llguidance  # torch-free; imported here so that the job schema needs it only when used
+
+    m = llguidance.LLMatcher
+    if kind == "json_schema":
+        return m.grammar_from_json_schema(value, defaults=_JSON_OPTIONS)  # type: ignore[arg-type]
+    if kind == "json_object":
+        return m.grammar_from_json_schema('{"type": "object"}', defaults=_JSON_OPTIONS)  # type: ignore[arg-type]
+    if kind == "regex":
+        return m.grammar_from_regex(value)
+    if kind == "lark":
+        return m.grammar_from_lark(value)
+    raise ValueError(f"unknown grammar kind {kind!r}")
+
+
+def grammar_error(spec: GrammarSpec) -> str | None:
+    """Why llguidance cannot compile `spec` (an invalid schema, regex or Lark grammar), or None."""
+    import llguidance
+
+    try:
+        text = llguidance_grammar(spec.kind, spec.value)
+    except ValueError as exc:
+        return str(exc)
+    return llguidance.LLMatcher.validate_grammar(text) or None

@@ -9,6 +9,8 @@ from typing import Literal
 
 from pydantic import AnyHttpUrl, BaseModel, Field, field_validator
 
+from schemas.grammar import GrammarSpec
+
 
 class JobStatus(StrEnum):
     QUEUED = "queued"
@@ -35,6 +37,7 @@ class SamplingSpec(BaseModel):
     seed: int | None = None
     top_n_tokens: int = 0
     logit_bias: dict[int, float] = Field(default_factory=dict)  # token id → added to its logit
+    grammar: GrammarSpec | None = None  # structured output: only tokens the grammar allows
 
 
 class StoppingSpec(BaseModel):

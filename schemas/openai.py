@@ -121,6 +121,7 @@ class CompletionRequest(_Sampling):
     logprobs: int | None = Field(default=None, ge=0, le=5)
     echo: bool = False
     suffix: str | None = None
+    response_format: ResponseFormat | None = Field(default=None, description="As vLLM: as in chat.")
     best_of: int | None = Field(default=None, ge=1, le=1)
 
 

@@ -113,6 +113,10 @@ class Settings(BaseSettings):
         default=20, ge=0,
         description="Alternatives per token (top_n_tokens, top_logprobs); TGI's default is 5."
     )
+    max_grammar_bytes: int = Field(
+        default=65536, ge=0,
+        description="Size of a request's grammar (JSON schema, regex, tools' schemas) in bytes; 0: none."
+    )
     default_max_new_tokens: int = Field(
         default=100, ge=1, description="max_new_tokens when a request does not give one."
     )

@@ -31,8 +31,9 @@ class GenerateParameters(BaseModel):
     decoder_input_details: bool = False
     seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
     top_n_tokens: int | None = Field(default=None, ge=0)
-    # TGI accepts these; Conveyor rejects them with a message instead of ignoring them.
+    # {"type": "json" | "regex" | "json_schema", "value": ...} (api/grammar.py)
     grammar: dict | None = None
+    # TGI accepts it; Conveyor rejects it with a message instead of ignoring it.
     adapter_id: str | None = None
 
     @field_validator("stop")

@@ -5,7 +5,7 @@ which the api uses too for the jobs it ends in the queue."""
 from __future__ import annotations
 
 from engine.events import TokenEvent
-from engine.params import SamplingParams, StoppingParams
+from engine.params import Grammar, SamplingParams, StoppingParams
 from engine.sequence import FinishReason
 from schemas.job import EventToken, JobEvent, JobResult, JobSpec, JobStatus, Usage
 from worker.engine_thread import AddCommand
@@ -26,6 +26,7 @@ def engine_params(spec: JobSpec, seed: int | None) -> tuple[SamplingParams, Stop
         typical_p=s.typical_p, repetition_penalty=s.repetition_penalty,
         frequency_penalty=s.frequency_penalty, presence_penalty=s.presence_penalty,
         seed=seed, top_n_tokens=s.top_n_tokens, logit_bias=tuple(sorted(s.logit_bias.items())),
+        grammar=Grammar(s.grammar.kind, s.grammar.value) if s.grammar else None,
     )
     stopping = StoppingParams(
         max_new_tokens=spec.stopping.max_new_tokens,

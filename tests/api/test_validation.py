@@ -37,7 +37,12 @@ TGI = [
     ({"inputs": "hi", "parameters": {"best_of": 2}}, "best_of"),
     ({"inputs": "hi", "parameters": {"watermark": True}}, "watermark"),
     ({"inputs": "hi", "parameters": {"decoder_input_details": True}}, "decoder_input_details"),
-    ({"inputs": "hi", "parameters": {"grammar": {"type": "regex", "value": "a+"}}}, "grammar"),
+    ({"inputs": "hi", "parameters": {"grammar": {"type": "regex", "value": "a(b"}}}, "grammar"),
+    ({"inputs": "hi", "parameters": {"grammar": {"type": "json", "value": {"type": "bogus"}}}}, "grammar"),
+    ({"inputs": "hi", "parameters": {"grammar": {"type": "json", "value": "{not json"}}}, "grammar"),
+    ({"inputs": "hi", "parameters": {"grammar": {"type": "ebnf", "value": "x"}}}, "grammar"),
+    ({"inputs": "hi", "parameters": {"grammar": {"type": "json", "value": {
+        "type": "object", "description": "x" * 70000}}}}, "grammar"),  # over max_grammar_bytes
     ({"inputs": "hi", "parameters": {"max_new_tokens": "many"}}, "max_new_tokens"),
 ]
 CHAT = [
@@ -62,7 +67,11 @@ CHAT = [
     ({"messages": MSG, "logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias"),
     ({"messages": MSG, "stream_options": {"include_usage": True}}, "stream_options"),
     ({"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ({"messages": MSG, "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": MSG, "response_format": {"type": "yaml"}}, "response_format"),
+    ({"messages": MSG, "response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+    ({"messages": MSG, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "properties": {"a": {"type": "nope"}}}}}},
+     "response_format.json_schema.schema"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages.0.content"),
 ]
 COMPLETION = [
@@ -80,6 +89,7 @@ COMPLETION = [
     ({"prompt": "hi", "best_of": 2}, "best_of"),
     ({"prompt": "hi", "suffix": "x"}, "suffix"),
     ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "hi", "response_format": {"type": "regex", "value": "[a-"}}, "response_format"),
 ]
 JOB = [
     ({"inputs": "hi", "priority": 101}, "priority"),
