@@ -51,6 +51,11 @@ class ChatTemplate:
         special = {n: t for n in names if (t := _token_text(config.get(n))) is not None}
         return cls(source, special)
 
+    @property
+    def handles_tools(self) -> bool:
+        """Whether the template renders `tools` itself (else api/tools.py describes them)."""
+        return "tools" in self._source
+
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                tools: list[dict[str, Any]] | None = None) -> str:
         try:

@@ -20,6 +20,8 @@ from api.fanout import collect_all, follow_all, submit_all
 from api.openai_validation import chat_job, check_stream_options, completion_jobs
 from api.openapi import BODY_ERRORS, error_responses, event_stream
 from api.sse import DONE, KEEP_ALIVE, failure, sse, stream, succeeded
+from api.tool_stream import ToolStream
+from api.tools import mode, parse
 from schemas.job import EventToken, JobEvent, JobResult, JobSpec, JobStatus
 from schemas.openai import (
     AssistantMessage,
@@ -193,14 +195,20 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, tenant
     common = _head("chatcmpl", spec, ctx)
     if body.stream:
         first = [True]  # OpenAI names the role in the first chunk's delta only
+        tools = ToolStream(body) if mode(body) != "none" else None
 
         def choice(i: int, event: JobEvent, result: JobResult | None) -> ChunkChoice:
             role: Literal["assistant"] | None = "assistant" if first and first.pop() else None
+            content: str | None = _text(event)
+            calls = None
+            if tools is not None:
+                content, calls = tools.feed(_text(event), result is not None)
+            reason = finish_reason(result) if result else None
             return ChunkChoice(
                 index=i,
-                delta=ChunkDelta(role=role, content=_text(event)),
+                delta=ChunkDelta(role=role, content=content, tool_calls=calls),
                 logprobs=_chat_logprobs([event]) if body.logprobs else None,
-                finish_reason=finish_reason(result) if result else None,  # type: ignore[arg-type]
+                finish_reason="tool_calls" if reason and tools and tools.called else reason,  # type: ignore[arg-type]
             )
 
         return _stream_jobs(ctx, [spec], ChatCompletionChunk, common, body.include_usage, choice)
@@ -213,11 +221,15 @@ def chat_answer(ctx: ApiContext, spec: JobSpec, body: ChatCompletionRequest,
                 events: list[JobEvent]) -> ChatCompletion:
     """The non-streaming answer of a finished chat job (also a batch line's `response.body`)."""
     result = succeeded(events[-1])
+    message, reason = AssistantMessage(content=result.generated_text), finish_reason(result)
+    if mode(body) != "none":
+        parsed = parse(body, result.generated_text)
+        message = AssistantMessage(content=parsed.content, tool_calls=parsed.tool_calls or None)
+        reason = "tool_calls" if parsed.tool_calls else reason
     return ChatCompletion(
         **_head("chatcmpl", spec, ctx),
-        choices=[ChatChoice(message=AssistantMessage(content=result.generated_text),
-                            logprobs=_chat_logprobs(events) if body.logprobs else None,
-                            finish_reason=finish_reason(result))],  # type: ignore[arg-type]
+        choices=[ChatChoice(message=message, logprobs=_chat_logprobs(events) if body.logprobs else None,
+                            finish_reason=reason)],  # type: ignore[arg-type]
         usage=usage(result, spec),
     )
 

@@ -10,6 +10,7 @@ from api.chat_template import ChatTemplate
 from api.errors import ValidationError
 from api.grammar import from_response_format
 from api.tokenizer import PromptTokenizer
+from api.tools import grammar_for, template_tools, tool_calls_in, tool_messages
 from api.validation import (
     check_prompt_length,
     check_stop,
@@ -80,19 +81,27 @@ def _message(i: int, message: Any) -> dict[str, Any]:
                            "content": content or ""}
     if message.name is not None:
         out["name"] = message.name
+    extra = message.model_extra or {}
+    if message.role == "assistant" and extra.get("tool_calls"):
+        out["tool_calls"] = tool_calls_in(i, extra["tool_calls"])
+    if message.role == "tool" and extra.get("tool_call_id") is not None:
+        out["tool_call_id"] = extra["tool_call_id"]
     return out
 
 
 def chat_job(settings: Settings, tokenizer: PromptTokenizer, template: ChatTemplate | None,
              body: ChatCompletionRequest, tenant: str) -> JobSpec:
     _check_common(settings, body)
-    if body.tools:
-        raise unsupported("tools", "tool calls are not generated; remove the field")
     if body.top_logprobs and not body.logprobs:
         raise ValidationError("`top_logprobs` needs `logprobs` set to true", param="top_logprobs")
     top_n = (body.top_logprobs or 0) if body.logprobs else 0
     check_top_n(settings, top_n, "top_logprobs")
-    prompt = render_chat(template, [_message(i, m) for i, m in enumerate(body.messages)])
+    tool_grammar = grammar_for(settings, body)
+    messages = [_message(i, m) for i, m in enumerate(body.messages)]
+    tools = template_tools(body)
+    if template is not None and not template.handles_tools:
+        messages, tools = tool_messages(messages, tools), None
+    prompt = render_chat(template, messages, tools=tools)
     prompt_ids = tokenizer.encode(prompt)
     check_prompt_length(settings, len(prompt_ids), "messages")
     field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
@@ -100,7 +109,11 @@ def chat_job(settings: Settings, tokenizer: PromptTokenizer, template: ChatTempl
                                      field=field, prompt_field="messages")
     stopping = StoppingSpec(max_new_tokens=max_new, stop=body.stop_list, ignore_eos=body.ignore_eos)
     grammar = from_response_format(settings, _dumped(body.response_format))
-    sampling = _sampling(body, top_n, tokenizer.vocab_size, grammar)
+    if grammar is not None and tool_grammar is not None:
+        raise ValidationError("`response_format`: a forced tool call (`tool_choice` required or a named "
+                              "function) sets the output's format; send one or the other",
+                              param="response_format")
+    sampling = _sampling(body, top_n, tokenizer.vocab_size, grammar or tool_grammar)
     return new_spec(prompt_ids, sampling, stopping, tenant, "chat")
 
 

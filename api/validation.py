@@ -78,12 +78,13 @@ def check_tgi(settings: Settings, p: GenerateParameters) -> None:
     check_top_n(settings, p.top_n_tokens)
 
 
-def render_chat(template: ChatTemplate | None, messages: list[dict], field: str = "messages") -> str:
+def render_chat(template: ChatTemplate | None, messages: list[dict], field: str = "messages",
+                tools: list[dict] | None = None) -> str:
     if template is None:
         raise ValidationError(f"`{field}`: this model has no chat template; use /v1/completions or "
                               "/generate with a raw prompt", param=field)
     try:
-        return template.render(messages)
+        return template.render(messages, tools=tools)
     except ChatTemplateError as exc:
         raise ValidationError(f"`{field}`: {exc}", param=field) from exc
 

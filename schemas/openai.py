@@ -112,6 +112,7 @@ class ChatCompletionRequest(_Sampling):
     response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = Field(default=True, description="false: at most one tool call.")
 
 
 class CompletionRequest(_Sampling):
@@ -153,12 +154,14 @@ class ChoiceLogprobs(BaseModel):
     content: list[TokenLogprob] | None = None
 
 
-OpenAIFinishReason = Literal["stop", "length"]
+OpenAIFinishReason = Literal["stop", "length", "tool_calls"]
 
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    # {id, type: "function", function: {name, arguments: JSON text}} (api/tools.py); absent if none
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 class ChatChoice(BaseModel):

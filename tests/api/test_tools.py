@@ -1,0 +1,110 @@
+"""Tool calling through the real api + worker (tiny random model): `required` and a named function go
+through the grammar, so their arguments are valid for the function's schema whatever the model;
+streamed calls reassemble; `auto` and `none` answer content; tools reach the prompt; tool history in
+the input is accepted."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import jsonschema
+import pytest
+
+from tests.api.conftest import auth
+
+WEATHER = {"type": "object", "properties": {
+    "city": {"enum": ["Paris", "Lima", "Oslo"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    "required": ["city", "days"], "additionalProperties": False}
+ALARM = {"type": "object", "properties": {"hour": {"type": "integer", "minimum": 0, "maximum": 23}},
+         "required": ["hour"], "additionalProperties": False}
+TOOLS = [{"type": "function",
+          "function": {"name": "get_weather", "description": "Forecast", "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "set_alarm", "parameters": ALARM}}]
+SCHEMAS = {"get_weather": WEATHER, "set_alarm": ALARM}
+MSG = [{"role": "user", "content": "Weather in Paris for 3 days?"}]
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def chat(service, **body: object) -> dict:  # type: ignore[no-untyped-def]
+    r = httpx.post(service.base_url + "/v1/chat/completions", headers=auth("alice"), timeout=120,
+                   json={"messages": MSG, "tools": TOOLS, "max_tokens": 200, **body})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def streamed_calls(service, **body: object) -> tuple[list[dict], str]:  # type: ignore[no-untyped-def]
+    """The streamed tool calls reassembled by index (as the openai SDK does) and the finish reason."""
+    calls: dict[int, dict] = {}
+    reason = None
+    with httpx.stream("POST", service.base_url + "/v1/chat/completions", headers=auth("alice"), timeout=120,
+                      json={"messages": MSG, "tools": TOOLS, "max_tokens": 200, "stream": True, **body}) as r:
+        lines = [line[5:].strip() for line in r.iter_lines() if line.startswith("data:")]
+        assert lines[-1] == "[DONE]"
+        for data in map(json.loads, lines[:-1]):
+            choice = data["choices"][0]
+            reason = choice["finish_reason"] or reason
+            for delta in choice["delta"].get("tool_calls") or []:
+                if delta["index"] not in calls:  # the first delta of a call names it
+                    assert delta["id"].startswith("call_") and delta["type"] == "function", delta
+                    calls[delta["index"]] = {"name": delta["function"]["name"], "arguments": ""}
+                calls[delta["index"]]["arguments"] += delta["function"].get("arguments", "")
+    return [calls[i] for i in sorted(calls)], reason  # type: ignore[return-value]
+
+
+def check_call(name: str, arguments: str) -> None:
+    assert name in SCHEMAS
+    jsonschema.validate(json.loads(arguments), SCHEMAS[name])
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_named_function_arguments_follow_its_schema(tiny_service, seed: int) -> None:  # type: ignore[no-untyped-def]
+    choice = chat(tiny_service, tool_choice=NAMED, temperature=1.0, seed=seed)["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    (call,) = choice["message"]["tool_calls"]
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert call["function"]["name"] == "get_weather"
+    check_call("get_weather", call["function"]["arguments"])
+
+    calls, reason = streamed_calls(tiny_service, tool_choice=NAMED, temperature=1.0, seed=seed)
+    assert reason == "tool_calls" and [c["name"] for c in calls] == ["get_weather"]
+    assert calls[0]["arguments"] == call["function"]["arguments"]  # same seed, same tokens
+    check_call("get_weather", calls[0]["arguments"])
+
+
+def test_required_calls_one_of_the_tools_with_valid_arguments(tiny_service) -> None:  # type: ignore[no-untyped-def]
+    names = set()
+    for seed in range(4):
+        choice = chat(tiny_service, tool_choice="required", parallel_tool_calls=False, temperature=1.0,
+                      seed=seed)["choices"][0]
+        assert choice["finish_reason"] == "tool_calls", choice
+        (call,) = choice["message"]["tool_calls"]
+        check_call(call["function"]["name"], call["function"]["arguments"])
+        names.add(call["function"]["name"])
+        calls, reason = streamed_calls(tiny_service, tool_choice="required", parallel_tool_calls=False,
+                                       temperature=1.0, seed=seed)
+        assert reason == "tool_calls" and calls == [{"name": call["function"]["name"],
+                                                     "arguments": call["function"]["arguments"]}]
+    assert names  # which tool is the model's choice
+
+
+def test_auto_and_none_answer_content_and_tools_reach_the_prompt(tiny_service) -> None:  # type: ignore[no-untyped-def]
+    plain = httpx.post(tiny_service.base_url + "/v1/chat/completions", headers=auth("alice"), timeout=120,
+                       json={"messages": MSG, "max_tokens": 5, "temperature": 0}).json()
+    for tool_choice in ("auto", "none"):
+        answer = chat(tiny_service, tool_choice=tool_choice, max_tokens=5, temperature=0)
+        choice = answer["choices"][0]
+        assert choice["finish_reason"] in ("stop", "length") and not choice["message"]["tool_calls"]
+        assert choice["message"]["content"]
+        # The tools are described in the prompt (SmolLM2's template knows no tools: a system message).
+        assert answer["usage"]["prompt_tokens"] > plain["usage"]["prompt_tokens"] + 50
+
+
+def test_tool_history_in_the_input_is_accepted(tiny_service) -> None:  # type: ignore[no-untyped-def]
+    history = [*MSG,
+               {"role": "assistant", "content": None, "tool_calls": [{
+                   "id": "call_1", "type": "function",
+                   "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 3}'}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": '{"forecast": "sun"}'}]
+    choice = chat(tiny_service, messages=history, tool_choice=NAMED, seed=4, temperature=1.0)["choices"][0]
+    check_call("get_weather", choice["message"]["tool_calls"][0]["function"]["arguments"])
