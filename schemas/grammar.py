@@ -50,7 +50,6 @@ def grammar_error(spec: GrammarSpec) -> str | None:
     import llguidance
 
     try:
-        text = llguidance_grammar(spec.kind, spec.value)
-    except ValueError as exc:
-        return str(exc)
-    return llguidance.LLMatcher.validate_grammar(text) or None
+        return llguidance.LLMatcher.validate_grammar(llguidance_grammar(spec.kind, spec.value)) or None
+    except Exception as exc:  # noqa: BLE001 - whatever the library raises for this input is a 422, never a 500
+        return str(exc) or type(exc).__name__
