@@ -26,8 +26,8 @@ def test_auto_parses_each_block_and_keeps_the_text_around() -> None:
     assert len({c["id"] for c in parsed.tool_calls}) == 2
 
 
-@pytest.mark.parametrize("text", ["no call here", "<tool_call>{not json</tool_call>", "<tool_call>[1]</tool_call>",
-                                  '<tool_call>{"arguments": {}}'])
+@pytest.mark.parametrize("text", ["no call here", "<tool_call>{not json</tool_call>",
+                                  "<tool_call>[1]</tool_call>", '<tool_call>{"arguments": {}}'])
 def test_auto_text_that_is_no_call_stays_content(text: str) -> None:
     parsed = parse(BODY, text)
     assert parsed.tool_calls == [] and parsed.content == text
@@ -57,7 +57,8 @@ def test_auto_stream_without_a_call_is_all_content() -> None:
 def test_tools_described_in_the_system_message_for_a_template_without_tools() -> None:
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
                 {"role": "assistant", "content": "", "tool_calls": [
-                    {"id": "1", "type": "function", "function": {"name": "get_weather", "arguments": {"c": 1}}}]},
+                    {"id": "1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": {"c": 1}}}]},
                 {"role": "tool", "content": "sunny", "tool_call_id": "1"}]
     out = tool_messages(messages, TOOLS)
     assert out[0]["content"].startswith("Be brief.") and '"name": "get_weather"' in out[0]["content"]
