@@ -15,8 +15,7 @@ from collections import OrderedDict
 from typing import Any
 
 import llguidance
-import torch
-from torch import Tensor
+import numpy as np
 
 from engine.params import Grammar
 from schemas.grammar import llguidance_grammar
@@ -68,16 +67,17 @@ class GrammarMatcher:
     def error(self) -> str | None:
         return self._m.get_error() if self._m.is_error() else None
 
-    def allowed(self, vocab: int) -> Tensor:
+    def allowed(self, vocab: int) -> np.ndarray:
         """Bool [vocab]: the tokens the grammar allows next (logit rows may be wider than the
         tokenizer: the extra ids are never allowed). A matcher in error allows only EOS, so the
-        sequence ends instead of sampling from nothing."""
-        words = torch.frombuffer(bytearray(self._m.compute_bitmask()), dtype=torch.int32)
-        bits = (words[:, None] >> torch.arange(32, dtype=torch.int32)) & 1
-        allowed = torch.zeros(vocab, dtype=torch.bool)
-        n = min(vocab, self._vocab, bits.numel())
-        allowed[:n] = bits.view(-1)[:n].bool()
-        if not bool(allowed.any()):
+        sequence ends instead of sampling from nothing. numpy, single-threaded: torch would run
+        these small ops on its intra-op pool, slow on a busy machine."""
+        # Bit i of the little-endian words is token i.
+        bits = np.unpackbits(np.frombuffer(self._m.compute_bitmask(), dtype=np.uint8), bitorder="little")
+        allowed = np.zeros(vocab, dtype=np.bool_)
+        n = min(vocab, self._vocab, bits.size)
+        allowed[:n] = bits[:n]
+        if not allowed.any():
             allowed[[e for e in self._eos if e < vocab]] = True
         return allowed
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -83,7 +84,8 @@ def _apply_grammar(logits: Tensor, seqs: list[Sequence]) -> Tensor:
     if not rows:
         return logits
     vocab = logits.shape[1]
-    allowed = torch.stack([seqs[i].matcher.allowed(vocab) for i in rows]).to(logits.device)  # type: ignore[union-attr]
+    masks = np.stack([seqs[i].matcher.allowed(vocab) for i in rows])  # type: ignore[union-attr]
+    allowed = torch.from_numpy(masks).to(logits.device)
     out = logits.clone(memory_format=torch.contiguous_format)
     index = torch.tensor(rows, device=logits.device)
     out[index] = out[index].masked_fill(~allowed, float("-inf"))
