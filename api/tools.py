@@ -53,7 +53,7 @@ def _functions(body: ChatCompletionRequest) -> list[dict[str, Any]]:
     out = []
     for i, tool in enumerate(body.tools or []):
         fn = tool.get("function") if isinstance(tool, dict) else None
-        if tool.get("type") != "function" or not isinstance(fn, dict):
+        if not isinstance(fn, dict) or tool.get("type") != "function":
             raise ValidationError(f'`tools.{i}`: a tool is {{"type": "function", "function": {{...}}}}',
                                   param=f"tools.{i}")
         if not isinstance(fn.get("name"), str) or not fn["name"]:
@@ -74,8 +74,8 @@ def grammar_for(settings: Settings, body: ChatCompletionRequest) -> GrammarSpec 
     functions = _functions(body)
     choice, kind = body.tool_choice, mode(body)
     if kind == "named":
-        name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None  # type: ignore[union-attr]
-        match = [f for f in functions if f["name"] == name]
+        fn = choice.get("function") if isinstance(choice, dict) else None
+        match = [f for f in functions if isinstance(fn, dict) and f["name"] == fn.get("name")]
         if not isinstance(choice, dict) or choice.get("type") != "function" or not match:
             names = ", ".join(f["name"] for f in functions)
             raise ValidationError(f'`tool_choice`: {{"type": "function", "function": {{"name": ...}}}} with '
