@@ -134,19 +134,24 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) -> Path:
     """A 2-layer random Llama with the default model's tokenizer: the whole engine path, fast."""
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), default_model_dir)
+
+
+def write_tiny_llama(path: Path, tokenizer_dir: Path) -> Path:
+    """The tiny random Llama into `path`, with the tokenizer files of `tokenizer_dir` (also used by
+    bench/redis_cost.py)."""
     import shutil
 
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    path = tmp_path_factory.mktemp("tiny-llama")
     torch.manual_seed(0)
     config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, vocab_size=49152, max_position_embeddings=4096)
     LlamaForCausalLM(config).save_pretrained(path)
     for name in TOKENIZER_FILES:
-        if (default_model_dir / name).exists():
-            shutil.copy(default_model_dir / name, path / name)
+        if (tokenizer_dir / name).exists():
+            shutil.copy(tokenizer_dir / name, path / name)
     return path
 
 

@@ -1,0 +1,162 @@
+"""The single-node op rate of the job path's command mix, with redis-py pipelines (valkey-benchmark
+is not shipped): client processes replay what the api and a worker send for each job, with the
+real code and scripts: JobStore.submit (admission script, record, stream entry), XREADGROUP, the
+worker's TAKE script, then per step one pipeline of the APPEND script (per token: HGET + XADD +
+PUBLISH inside it) for a batch of jobs, the final APPEND (record, TTLs), XACK + XDEL. Heartbeats and
+lease renewals (time-based, a few commands a second per worker) are left out.
+
+The clients here share the machine with the server, so the server may not reach 100 % of a core:
+the rate at saturation is the measured one scaled by the server's CPU (INFO cpu), commands per
+server CPU second; both are reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import time
+import uuid
+from dataclasses import dataclass
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Event
+
+from redis.asyncio import Redis
+
+from api.jobs import JobStore
+from schemas.job import EventToken, JobEvent, JobResult, JobSpec, JobStatus, StoppingSpec, Usage
+from schemas.keys import WORKER_GROUP, Keys
+from schemas.settings import Settings
+from worker.scripts import Scripts
+
+
+@dataclass
+class Load:
+    seconds: float
+    tokens: int
+    commands: int  # as the server counts them (script-internal commands included)
+    cpu_s: float  # server CPU seconds
+    batch: int  # jobs per pipeline (per step)
+
+    @property
+    def commands_per_cpu_s(self) -> float:
+        return self.commands / self.cpu_s
+
+    @property
+    def utilization(self) -> float:
+        return self.cpu_s / self.seconds
+
+
+async def _client(url: str, seconds: float, batch: int, tokens: int, prompt: int) -> int:
+    keys = Keys(f"load{uuid.uuid4().hex[:8]}")
+    settings = Settings(redis_url=url, key_prefix=keys.prefix, max_concurrent_requests=1_000_000_000)
+    done = 0
+    async with Redis.from_url(url, decode_responses=True) as redis:
+        store, scripts = JobStore(redis, keys, settings), Scripts(redis)
+        await scripts.load()
+        await redis.xgroup_create(keys.jobs_stream, WORKER_GROUP, id="0", mkstream=True)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            specs = [
+                JobSpec(
+                    id=uuid.uuid4().hex,
+                    created_at=time.time(),
+                    prompt_ids=list(range(1, prompt + 1)),
+                    stopping=StoppingSpec(max_new_tokens=tokens),
+                )
+                for _ in range(batch)
+            ]
+            await asyncio.gather(*(store.submit(spec) for spec in specs))
+            read = await redis.xreadgroup(WORKER_GROUP, "load", {keys.jobs_stream: ">"}, count=batch)
+            entries = [entry_id for _, stream in read for entry_id, _ in stream]
+            now = time.time()
+            pipe = redis.pipeline(transaction=False)
+            for spec in specs:
+                scripts.call(pipe, "take", [keys.job(spec.id)], ["load", 1, 1, 0, now])
+            await pipe.execute()
+            for index in range(tokens):
+                pipe = redis.pipeline(transaction=False)
+                final = index == tokens - 1
+                for spec in specs:
+                    result = (
+                        JobResult(
+                            status=JobStatus.SUCCEEDED,
+                            finish_reason="length",
+                            generated_text=" word" * tokens,
+                            usage=Usage(prompt_tokens=prompt, completion_tokens=tokens),
+                        )
+                        if final
+                        else None
+                    )
+                    event = JobEvent(
+                        index=index,
+                        token=EventToken(id=1000 + index, text=" word"),
+                        final=final,
+                        result=result,
+                        at=round(now, 3),
+                    )
+                    scripts.call(
+                        pipe,
+                        "append",
+                        [keys.job(spec.id), keys.events(spec.id)],
+                        [
+                            "load",
+                            f"0-{index + 1}",
+                            event.model_dump_json(exclude_none=True),
+                            1000,
+                            keys.channel(spec.id),
+                            now,
+                            int(index == 0),
+                            int(final),
+                            result.status.value if result else "",
+                            result.model_dump_json() if result else "",
+                            60,
+                        ],
+                    )
+                await pipe.execute()
+            pipe = redis.pipeline(transaction=False)
+            pipe.xack(keys.jobs_stream, WORKER_GROUP, *entries)
+            pipe.xdel(keys.jobs_stream, *entries)
+            await pipe.execute()
+            done += batch * tokens
+    return done
+
+
+def _run_client(args: tuple[str, float, int, int, int], ready: Event, start: Event, out: Queue) -> None:
+    """One client process: imported and connected first, then the load from `start` on."""
+    ready.set()
+    start.wait()
+    out.put(asyncio.run(_client(*args)))
+
+
+async def _server(url: str) -> tuple[int, float]:
+    async with Redis.from_url(url) as redis:
+        stats, cpu = await redis.info("stats"), await redis.info("cpu")
+    return int(stats["total_commands_processed"]), float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
+def measure(
+    url: str, seconds: float = 10.0, clients: int = 3, batch: int = 16, tokens: int = 64, prompt: int = 16
+) -> Load:
+    """`clients` processes, each `batch` jobs of `tokens` tokens at a time, for about `seconds`;
+    the server's counters read once every client is up, so only the load is counted."""
+    context = multiprocessing.get_context("spawn")
+    out: Queue = context.Queue()
+    start = context.Event()
+    procs = []
+    for _ in range(clients):
+        ready = context.Event()
+        proc = context.Process(
+            target=_run_client, args=((url, seconds, batch, tokens, prompt), ready, start, out)
+        )
+        proc.start()
+        ready.wait()
+        procs.append(proc)
+    commands0, cpu0 = asyncio.run(_server(url))
+    t0 = time.monotonic()
+    start.set()
+    tokens_done = sum(out.get() for _ in procs)
+    elapsed = time.monotonic() - t0
+    for proc in procs:
+        proc.join()
+    commands1, cpu1 = asyncio.run(_server(url))
+    return Load(elapsed, tokens_done, commands1 - commands0 - 2, cpu1 - cpu0, batch)

@@ -1,0 +1,155 @@
+"""Static validation of deploy/ (Docker does not run here): the Kubernetes manifests of each overlay,
+rendered by tests/deploy/kustomize.py, against the Kubernetes API schemas kubernetes-validate ships;
+the KEDA ScaledObject against its CRD's schema (tests/deploy/keda-scaledobject.schema.json); the
+compose file against the compose-spec schema check-jsonschema ships; and what ties them to the code:
+settings names and values, drain time, probes, the stream and group the scaler watches."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from schemas.keys import WORKER_GROUP, Keys
+from schemas.settings import ENV_PREFIX, Settings
+from tests.deploy.kustomize import containers, find, render
+
+REPO = Path(__file__).resolve().parents[2]
+K8S = REPO / "deploy" / "k8s"
+OVERLAYS = ["cpu", "gpu", "scale-to-zero"]
+K8S_VERSION = "1.30.0"  # oldest Kubernetes these manifests target (policy/v1 PDB, startup probes)
+KEDA_SCHEMA = json.loads((Path(__file__).with_name("keda-scaledobject.schema.json")).read_text())
+
+
+def rendered(overlay: str) -> list[dict[str, Any]]:
+    return render(K8S / "overlays" / overlay)
+
+
+def validate(doc: dict[str, Any]) -> None:
+    if doc["apiVersion"].startswith("keda.sh/"):
+        jsonschema.validate(doc, KEDA_SCHEMA)
+    else:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_manifest_is_valid(overlay: str) -> None:
+    docs = rendered(overlay)
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert {("Deployment", "conveyor-api"), ("Service", "conveyor-api"),
+            ("PodDisruptionBudget", "conveyor-api"), ("Deployment", "conveyor-worker"),
+            ("Deployment", "conveyor-webhooks"), ("StatefulSet", "conveyor-redis"),
+            ("ConfigMap", "conveyor-settings"), ("Secret", "conveyor-secrets"),
+            ("ScaledObject", "conveyor-worker")} <= kinds
+    for doc in docs:
+        validate(doc)
+
+
+def test_the_validators_reject_a_broken_manifest() -> None:
+    """The checks can fail: a misspelt field in a Deployment and in the ScaledObject."""
+    docs = rendered("cpu")
+    worker = find(docs, "Deployment", "conveyor-worker")
+    worker["spec"]["template"]["spec"]["terminationGracePeriod"] = 60
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(worker)
+    scaler = find(docs, "ScaledObject", "conveyor-worker")
+    scaler["spec"]["minReplicas"] = 0
+    with pytest.raises(jsonschema.ValidationError):
+        validate(scaler)
+    scaler["spec"].pop("minReplicas")
+    scaler["spec"]["triggers"][0]["metadata"]["lagCount"] = 8  # metadata values are strings
+    with pytest.raises(jsonschema.ValidationError):
+        validate(scaler)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_settings_are_conveyors(overlay: str) -> None:
+    """Every ConfigMap key is a setting's environment name, and the values parse as those settings."""
+    docs = rendered(overlay)
+    data = find(docs, "ConfigMap", "conveyor-settings")["data"]
+    names = {ENV_PREFIX + name.upper() for name in Settings.model_fields}
+    assert set(data) <= names, set(data) - names
+    secrets = find(docs, "Secret", "conveyor-secrets")["stringData"]
+    for container in containers(docs):
+        for env in container.get("env", []):
+            assert env["name"] in names | {"REDIS_URL", "REDIS_PASSWORD"}, env["name"]
+    settings = Settings.model_validate({k.removeprefix(ENV_PREFIX).lower(): v for k, v in data.items()}
+                                       | {"redis_url": secrets["REDIS_URL"]})
+    json.loads(secrets["api-keys.json"])
+    json.loads(secrets["webhook-secrets.json"])
+    worker = find(docs, "Deployment", "conveyor-worker")["spec"]["template"]["spec"]
+    assert worker["terminationGracePeriodSeconds"] > settings.drain_timeout
+    [container] = worker["containers"]
+    assert container["livenessProbe"]["httpGet"]["port"] == "metrics"
+    assert {"containerPort": settings.worker_metrics_port, "name": "metrics"} in container["ports"]
+
+
+def test_the_overlays_differ_where_they_should() -> None:
+    cpu, gpu, zero = (rendered(o) for o in OVERLAYS)
+    gpu_worker = find(gpu, "Deployment", "conveyor-worker")["spec"]["template"]["spec"]["containers"][0]
+    assert gpu_worker["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert gpu_worker["image"] == "conveyor:cuda"
+    assert {"name": "CONVEYOR_DEVICE", "value": "cuda"} in gpu_worker["env"]
+    assert gpu_worker["env"][0]["name"] == "REDIS_URL"  # the base's env is kept, the patch's added
+    cpu_worker = find(cpu, "Deployment", "conveyor-worker")["spec"]["template"]["spec"]["containers"][0]
+    assert "nvidia.com/gpu" not in cpu_worker["resources"]["limits"]
+    assert all(c["image"] == "conveyor:cpu" for c in containers(cpu) if c["name"] != "redis")
+    api = find(cpu, "Deployment", "conveyor-api")["spec"]["template"]["spec"]["containers"][0]
+    assert (api["livenessProbe"]["httpGet"]["path"], api["readinessProbe"]["httpGet"]["path"]) == \
+        ("/health", "/ready")
+    assert find(gpu, "ScaledObject", "conveyor-worker")["spec"]["minReplicaCount"] >= 1
+    # Scale to zero: no worker, so the api must be ready without one (/ready needs a heartbeat).
+    assert find(zero, "ScaledObject", "conveyor-worker")["spec"]["minReplicaCount"] == 0
+    zero_api = find(zero, "Deployment", "conveyor-api")["spec"]["template"]["spec"]["containers"][0]
+    assert zero_api["readinessProbe"]["httpGet"]["path"] == "/health"
+
+
+def test_the_scaler_watches_the_jobs_stream_and_group() -> None:
+    docs = rendered("gpu")
+    prefix = find(docs, "ConfigMap", "conveyor-settings")["data"]["CONVEYOR_KEY_PREFIX"]
+    scaler = find(docs, "ScaledObject", "conveyor-worker")["spec"]
+    assert scaler["scaleTargetRef"]["name"] == "conveyor-worker"
+    streams = {t["metadata"]["stream"] for t in scaler["triggers"]}
+    assert streams == {Keys(prefix).jobs_stream}  # one stream today: one trigger pair per stream
+    for trigger in scaler["triggers"]:
+        assert trigger["type"] == "redis-streams"
+        assert trigger["metadata"]["consumerGroup"] == WORKER_GROUP
+        assert trigger["metadata"]["address"].split(":")[0] == "conveyor-redis"
+        assert {"lagCount", "pendingEntriesCount"} & set(trigger["metadata"])
+        assert trigger["metadata"]["passwordFromEnv"] in {e["name"] for c in containers(docs)
+                                                           if c["name"] == "worker" for e in c["env"]}
+
+
+def check_compose(path: Path) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.compose-spec", str(path)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+def test_compose_is_valid_and_the_check_can_fail(tmp_path: Path) -> None:
+    compose = REPO / "deploy" / "compose.yaml"
+    result = check_compose(compose)
+    assert result.returncode == 0, result.stdout + result.stderr
+    spec = yaml.safe_load(compose.read_text())
+    gpu = spec["services"]["worker-gpu"]
+    assert gpu["profiles"] == ["gpu"]
+    assert gpu["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+    redis = spec["services"]["redis"]
+    assert redis["command"][redis["command"].index("--appendonly") + 1] == "yes"
+    assert redis["volumes"] == ["redis-data:/data"]
+    drain = float(spec["x-conveyor-env"]["CONVEYOR_DRAIN_TIMEOUT"])
+    for name in ("worker", "worker-gpu"):
+        assert float(spec["services"][name]["stop_grace_period"].removesuffix("s")) > drain
+    assert {"monitoring"} == set(spec["services"]["grafana"]["profiles"])
+    dashboard = REPO / "deploy" / "grafana" / "conveyor.json"
+    assert any(v.startswith(f"./grafana/{dashboard.name}:") for v in spec["services"]["grafana"]["volumes"])
+    broken = tmp_path / "compose.yaml"
+    spec["services"]["worker"]["stop_grace"] = "45s"
+    broken.write_text(yaml.safe_dump(spec))
+    assert check_compose(broken).returncode != 0
