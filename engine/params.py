@@ -28,6 +28,9 @@ class SamplingParams:
     top_n_tokens: int = 0  # alternatives reported per generated token
     # (token id, bias) pairs added to the logits before everything else (OpenAI's logit_bias).
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # Prompt logprobs (engine/prompt_logprobs.py): None: not computed; k: each prompt token's own
+    # logprob and the top k alternatives (0: only its own).
+    prompt_logprobs: int | None = None
 
     @property
     def greedy(self) -> bool:
@@ -46,7 +49,7 @@ class SamplingParams:
 class StoppingParams:
     """When generation ends (besides abort and deadline)."""
 
-    max_new_tokens: int = 20
+    max_new_tokens: int = 20  # 0 (with prompt_logprobs): score the prompt, generate nothing
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     # The matched stop sequence ends the output (TGI) instead of being cut off (OpenAI).

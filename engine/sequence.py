@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from engine.params import SamplingParams, StoppingParams
+from engine.prompt_logprobs import PromptScore
 
 
 class FinishReason(StrEnum):
@@ -54,6 +55,7 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None  # set with status FINISHED, never without it
     order: int = field(default_factory=lambda: next(_arrival_counter))
+    prompt_scores: list[PromptScore] = field(default_factory=list)  # of prompt tokens 1.., if asked
 
     def __post_init__(self) -> None:
         if not self.token_ids:
