@@ -84,13 +84,14 @@ def loglikelihoods(samples: list[dict]) -> list[float]:
     return [float(resp[0][0]) for s in samples for resp in s["resps"]]
 
 
-def test_lm_eval_loglikelihoods_equal_hf_and_chat_generates(lm_eval, serve, default_model_dir, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_lm_eval_loglikelihoods_equal_hf_and_chat_generates(  # type: ignore[no-untyped-def]
+        lm_eval, serve, default_model_dir, tmp_path) -> None:
     base, model_id = serve
     served = run(lm_eval, tmp_path / "conveyor", "conveyor_tiny_mc", "local-completions",
                  f"model={model_id},base_url={base}/v1/completions,tokenizer_backend=huggingface,"
                  f"tokenizer={default_model_dir},tokenized_requests=True,num_concurrent=4,max_retries=1")
-    hf = run(lm_eval, tmp_path / "hf", "conveyor_tiny_mc", "hf", f"pretrained={default_model_dir},dtype=float32",
-             "--device", "cpu", "--batch_size", "1")
+    hf = run(lm_eval, tmp_path / "hf", "conveyor_tiny_mc", "hf",
+             f"pretrained={default_model_dir},dtype=float32", "--device", "cpu", "--batch_size", "1")
     got, want = loglikelihoods(served), loglikelihoods(hf)
     assert len(got) == len(want) == 32  # 8 questions x 4 choices
     assert all(w < 0 for w in want)  # a wrong server answers 0.0 (the bug this test guards)
