@@ -13,19 +13,10 @@ import torch
 
 from tests.api.conftest import auth
 from tests.api.test_async_jobs import read_events, submit, wait_status
+from tests.api.test_openai_fields import ok, post
 
 PROMPT = "The quick brown fox jumps over the lazy dog because"
 TOL = 1e-4
-
-
-def post(service, route: str, body: dict) -> httpx.Response:  # type: ignore[no-untyped-def]
-    return httpx.post(service.base_url + route, json=body, headers=auth("alice"), timeout=60)
-
-
-def ok(service, route: str, body: dict) -> dict:  # type: ignore[no-untyped-def]
-    r = post(service, route, body)
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
 @pytest.fixture(scope="module")

@@ -10,13 +10,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from launcher.redis_server import free_port
+from tests.e2e.test_serve import wait_serving
 
 pytestmark = pytest.mark.slow
 
@@ -50,16 +50,7 @@ def serve(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path):  #
         )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, log_path.read_text()
-            assert time.monotonic() < deadline, log_path.read_text()  # not ready in 180 s
-            try:
-                if httpx.get(base + "/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
+        wait_serving(proc, base + "/ready", log_path)
         yield base, httpx.get(base + "/v1/models", timeout=10).json()["data"][0]["id"]
     finally:
         proc.terminate()
