@@ -32,7 +32,8 @@ def reference(hf, ids: list[int]) -> torch.Tensor:  # type: ignore[no-untyped-de
 
 
 def engine(model_dir: Path, **config) -> Engine:  # type: ignore[no-untyped-def]
-    return Engine.from_pretrained(model_dir, EngineConfig(**{"num_blocks": 64, "block_size": 4, **config}))
+    config = {"num_blocks": 64, "block_size": 4, "device": "cpu", "dtype": "float32", **config}
+    return Engine.from_pretrained(model_dir, EngineConfig(**config))
 
 
 def run(e: Engine) -> dict[str, list[TokenEvent]]:
