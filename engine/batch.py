@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.prompt_logprobs import PromptScore
 from engine.sequence import Sequence
 
 
@@ -13,16 +14,24 @@ class ScheduledChunk:
 
     A decode is a chunk of length 1. `sample` is true when the chunk reaches the end of the
     sequence's tokens: the forward then returns logits for its last position.
-    The block table already covers every position up to start + length.
+    The block table already covers every position up to start + length. A request that asks for
+    no token (max_new_tokens 0: scoring only) never samples. `prompt_scores`: what the forward
+    scored of the prompt in this chunk (engine/prompt_logprobs.py), filled by the model runner.
     """
 
     seq: Sequence
     start: int
     length: int
+    prompt_scores: list[PromptScore] = field(default_factory=list)
+
+    @property
+    def completes(self) -> bool:
+        """The chunk reaches the end of the sequence's tokens."""
+        return self.start + self.length == self.seq.num_tokens
 
     @property
     def sample(self) -> bool:
-        return self.start + self.length == self.seq.num_tokens
+        return self.completes and self.seq.stopping.max_new_tokens > 0
 
 
 @dataclass(slots=True)

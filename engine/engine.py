@@ -21,7 +21,7 @@ from typing import Any
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import Detokenizer, token_text
-from engine.events import TokenEvent, TopToken
+from engine.events import PromptToken, TokenEvent, TopToken
 from engine.grammar import GrammarCompiler
 from engine.params import SamplingParams, StoppingParams
 from engine.sampler import Sampler
@@ -151,6 +151,7 @@ class Engine:
         logits = self.runner.execute(output.chunks)
         forward_s = time.perf_counter() - forward_started
         self.scheduler.complete(output)
+        events += self._scored(output.chunks)
         if sampling_seqs:
             sampled = self.sampler.sample(logits, sampling_seqs)
             for seq, token_id, logprob, top in zip(
@@ -159,11 +160,42 @@ class Engine:
                 seq.append_token(token_id)
                 if seq.matcher is not None:
                     seq.matcher.advance(token_id)
-                events.append(self._token_event(seq, token_id, logprob, top))
+                event = self._token_event(seq, token_id, logprob, top)
+                if event.index == 0 and seq.sampling.prompt_logprobs is not None:
+                    event.prompt_tokens = self._prompt_tokens(seq)
+                events.append(event)
         step_s = time.perf_counter() - started
         self._timings.append((len(output.chunks), step_s, forward_s))
         self.last_step = StepInfo(prefill_tokens, len(output.chunks), step_s)
         return events
+
+    def _scored(self, chunks: list[Any]) -> list[TokenEvent]:
+        """Keep the prompt scores the forward computed; end the scoring-only requests (max_new_tokens
+        0) whose prompt is done, with their one event."""
+        events = []
+        for chunk in chunks:
+            seq = chunk.seq
+            if seq.is_finished:
+                continue
+            seq.prompt_scores += chunk.prompt_scores
+            if chunk.completes and not chunk.sample:
+                event = self._finish_event(seq, FinishReason.LENGTH)
+                if seq.sampling.prompt_logprobs is not None:
+                    event.prompt_tokens = self._prompt_tokens(seq)
+                events.append(event)
+        return events
+
+    def _prompt_tokens(self, seq: Sequence) -> list[PromptToken]:
+        tok, special = self.tokenizer, self.special_ids
+        ids = seq.prompt_ids
+        out = [PromptToken(id=ids[0], text=token_text(tok, ids[0]), logprob=None)]
+        for token_id, s in zip(ids[1:], seq.prompt_scores, strict=True):
+            out.append(PromptToken(
+                id=token_id, text=token_text(tok, token_id), logprob=s.logprob,
+                top_tokens=[TopToken(id=i, text=token_text(tok, i), logprob=lp, special=i in special)
+                            for i, lp in s.top],
+            ))
+        return out
 
     def _token_event(
         self, seq: Sequence, token_id: int, logprob: float, top: list[tuple[int, float]]

@@ -15,6 +15,17 @@ class TopToken:
     special: bool
 
 
+@dataclass(slots=True, frozen=True)
+class PromptToken:
+    """One prompt token and its logprob under the model given the tokens before it (None for the
+    first), with the top alternatives asked for (`SamplingParams.prompt_logprobs`)."""
+
+    id: int
+    text: str
+    logprob: float | None
+    top_tokens: list[TopToken] = field(default_factory=list)
+
+
 @dataclass(slots=True)
 class TokenEvent:
     """One generated token of one request, or the end of a request.
@@ -26,6 +37,8 @@ class TokenEvent:
     An event with `token_id is None` carries only a finish (aborted, expired) or held-back text.
     The last event of a request has `finish_reason` and `generated_text` (the whole output, without
     any stop sequence).
+    `prompt_tokens`: the prompt's tokens and logprobs, on the request's first event (index 0) when
+    it asked for prompt logprobs; a scoring-only request (max_new_tokens 0) has just that event.
     """
 
     request_id: str
@@ -41,3 +54,4 @@ class TokenEvent:
     num_generated_tokens: int = 0
     num_cached_tokens: int = 0
     seed: int | None = None
+    prompt_tokens: list[PromptToken] | None = None

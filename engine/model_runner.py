@@ -3,7 +3,8 @@
 Decode rows (chunks of one token) go first in the batch, prefill chunks after them; every linear
 layer sees all rows at once. Each new token's K/V is written in place into the preallocated cache at
 slot `block_table[p // block_size] * block_size + p % block_size`, and the lm_head runs only for
-the last row of the chunks that sample.
+the last row of the chunks that sample (and for the prompt rows of requests that ask for prompt
+logprobs).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from engine.batch import ScheduledChunk
 from engine.config import EngineConfig
 from engine.kv_cache import KVCache, bytes_per_block, plan_num_blocks
 from engine.model.llama import Llama
+from engine.prompt_logprobs import SLICE_ROWS, score, scored_positions
 
 logger = logging.getLogger(__name__)
 
@@ -155,11 +157,28 @@ class ModelRunner:
             hidden = self.graphs.run(ids_t, pos_t, meta)
         if hidden is None:
             hidden = self._forward(ids_t, pos_t, meta)
+        self._score_prompts(order, hidden, last_row)
         rows = [last_row[id(c)] for c in chunks if c.sample]
         if not rows:
             return torch.empty(0, self.vocab_size, dtype=torch.float32, device=self.device)
         picked = hidden.index_select(0, torch.tensor(rows, dtype=torch.long, device=self.device))
         return self.model.logits(picked)
+
+    def _score_prompts(
+        self, order: list[ScheduledChunk], hidden: torch.Tensor, last_row: dict[int, int]
+    ) -> None:
+        """Fill `prompt_scores` of the chunks whose request asks for prompt logprobs. Done before
+        the sampling rows' logits, which may reuse the same buffer."""
+        for c in order:
+            positions = scored_positions(c.seq, c.start, c.length)
+            if not positions:
+                continue
+            first_row = last_row[id(c)] - c.length + 1 - c.start  # the row of position 0
+            k = c.seq.sampling.prompt_logprobs or 0
+            for lo in range(positions.start, positions.stop, SLICE_ROWS):
+                hi = min(lo + SLICE_ROWS, positions.stop)
+                rows = hidden[first_row + lo : first_row + hi]
+                c.prompt_scores += score(self.model.logits(rows), c.seq.token_ids[lo + 1 : hi + 1], k)
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, meta: object) -> torch.Tensor:
         return self.model.forward(ids, positions, meta, self.attention, self.cache.k, self.cache.v)

@@ -39,6 +39,9 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     # Constrains the output (structured output, tool calls): only tokens the grammar allows.
     grammar: Grammar | None = None
+    # Prompt logprobs (engine/prompt_logprobs.py): None: not computed; k: each prompt token's own
+    # logprob and the top k alternatives (0: only its own).
+    prompt_logprobs: int | None = None
 
     @property
     def greedy(self) -> bool:
@@ -57,7 +60,7 @@ class SamplingParams:
 class StoppingParams:
     """When generation ends (besides abort and deadline)."""
 
-    max_new_tokens: int = 20
+    max_new_tokens: int = 20  # 0 (with prompt_logprobs): score the prompt, generate nothing
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     # The matched stop sequence ends the output (TGI) instead of being cut off (OpenAI).

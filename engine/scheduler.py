@@ -21,6 +21,7 @@ from collections.abc import Callable
 from engine.batch import ScheduledChunk, SchedulerOutput
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
+from engine.prompt_logprobs import wants_scores
 from engine.sequence import FinishReason, Sequence, SequenceStatus
 
 
@@ -202,7 +203,8 @@ class Scheduler:
                 break
             if limit is not None and context + seq.num_tokens > limit:
                 break
-            cached = bm.match_prefix(seq)
+            # A cached prefix has no logits: a request still to score its prompt computes it all.
+            cached = [] if wants_scores(seq) else bm.match_prefix(seq)
             num_hit = len(cached) * bm.block_size
             length = min(seq.num_tokens - num_hit, budget)
             if not bm.allocate(seq, length, cached):

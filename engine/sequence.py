@@ -8,6 +8,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from engine.params import SamplingParams, StoppingParams
+from engine.prompt_logprobs import PromptScore
 
 if TYPE_CHECKING:
     from engine.grammar import GrammarMatcher
@@ -59,6 +60,7 @@ class Sequence:
     finish_reason: FinishReason | None = None  # set with status FINISHED, never without it
     order: int = field(default_factory=lambda: next(_arrival_counter))
     matcher: GrammarMatcher | None = None  # where the output stands in `sampling.grammar`
+    prompt_scores: list[PromptScore] = field(default_factory=list)  # of prompt tokens 1.., if asked
 
     def __post_init__(self) -> None:
         if not self.token_ids:

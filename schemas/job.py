@@ -7,7 +7,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import AnyHttpUrl, BaseModel, Field, field_validator
+from pydantic import AnyHttpUrl, BaseModel, Field, field_validator, model_validator
 
 from schemas.grammar import GrammarSpec
 
@@ -38,10 +38,12 @@ class SamplingSpec(BaseModel):
     top_n_tokens: int = 0
     logit_bias: dict[int, float] = Field(default_factory=dict)  # token id → added to its logit
     grammar: GrammarSpec | None = None  # structured output: only tokens the grammar allows
+    # Prompt logprobs: None: not computed; k: each prompt token's logprob and its top k (0: none).
+    prompt_logprobs: int | None = Field(default=None, ge=0)
 
 
 class StoppingSpec(BaseModel):
-    max_new_tokens: int = Field(ge=1)
+    max_new_tokens: int = Field(ge=0)  # 0 only with sampling.prompt_logprobs (JobSpec checks)
     stop: list[str] = Field(default_factory=list)
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False  # TGI: the matched stop sequence ends the text; OpenAI: not
@@ -80,12 +82,28 @@ class JobSpec(BaseModel):
     webhook: Webhook | None = None
     traceparent: str | None = None  # W3C trace context of the api's span, when tracing is on
 
+    @model_validator(mode="after")
+    def _scoring_only(self) -> JobSpec:
+        if self.stopping.max_new_tokens == 0 and self.sampling.prompt_logprobs is None:
+            raise ValueError("stopping.max_new_tokens 0 (score only) needs sampling.prompt_logprobs")
+        return self
+
 
 class EventToken(BaseModel):
     id: int
     text: str
     logprob: float | None = None
     special: bool = False
+
+
+class PromptEventToken(BaseModel):
+    """A prompt token with its logprob given the tokens before it (None for the first) and the
+    top alternatives asked for (`SamplingSpec.prompt_logprobs`)."""
+
+    id: int
+    text: str
+    logprob: float | None = None
+    top_tokens: list[EventToken] = Field(default_factory=list)
 
 
 class Usage(BaseModel):
@@ -133,7 +151,9 @@ class JobEvent(BaseModel):
 
     Token events have index 0..n-1. The last event of a job has `final` set and carries the result;
     it is the last token's event, or — for a job that ends without a token (cancelled, expired,
-    failed) — an event without `token` whose index is the number of tokens before it.
+    failed, or scored only: max_new_tokens 0) — an event without `token` whose index is the number of
+    tokens before it. `prompt`: on the event of index 0 of a job that asked for prompt logprobs,
+    every prompt token (a resumed job keeps it in its stream and does not score again).
     """
 
     index: int
@@ -142,6 +162,7 @@ class JobEvent(BaseModel):
     final: bool = False
     result: JobResult | None = None
     at: float | None = None  # epoch seconds when the worker published it (the relay measures its lag)
+    prompt: list[PromptEventToken] | None = None
 
     @classmethod
     def ending(cls, index: int, result: JobResult) -> JobEvent:

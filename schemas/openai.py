@@ -117,8 +117,8 @@ class ChatCompletionRequest(_Sampling):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(default=16, ge=0, description="OpenAI's default: 16. 0 (score the prompt "
-                                   "only, with `echo`) is refused until prompt logprobs exist.")
+    max_tokens: int | None = Field(default=16, ge=0, description="OpenAI's default: 16. 0 only with `echo`: "
+                                   "score the prompt, generate nothing.")
     logprobs: int | None = Field(default=None, ge=0, le=5)
     echo: bool = False
     suffix: str | None = None
@@ -207,7 +207,7 @@ class ChatCompletionChunk(BaseModel):
 class CompletionLogprobs(BaseModel):
     tokens: list[str] = Field(default_factory=list)
     token_logprobs: list[float | None] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float]] | None = None
+    top_logprobs: list[dict[str, float] | None] | None = None  # null for an echoed prompt's first token
     text_offset: list[int] = Field(default_factory=list)
 
 

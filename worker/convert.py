@@ -7,7 +7,7 @@ from __future__ import annotations
 from engine.events import TokenEvent
 from engine.params import Grammar, SamplingParams, StoppingParams
 from engine.sequence import FinishReason
-from schemas.job import EventToken, JobEvent, JobResult, JobSpec, JobStatus, Usage
+from schemas.job import EventToken, JobEvent, JobResult, JobSpec, JobStatus, PromptEventToken, Usage
 from worker.engine_thread import AddCommand
 
 _STATUS_BY_REASON = {
@@ -19,7 +19,9 @@ _STATUS_BY_REASON = {
 }
 
 
-def engine_params(spec: JobSpec, seed: int | None) -> tuple[SamplingParams, StoppingParams]:
+def engine_params(spec: JobSpec, seed: int | None,
+                  resumed: bool = False) -> tuple[SamplingParams, StoppingParams]:
+    """`resumed`: the job's stream already has its first event, and with it the prompt's logprobs."""
     s = spec.sampling
     sampling = SamplingParams(
         do_sample=s.do_sample, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
@@ -27,6 +29,7 @@ def engine_params(spec: JobSpec, seed: int | None) -> tuple[SamplingParams, Stop
         frequency_penalty=s.frequency_penalty, presence_penalty=s.presence_penalty,
         seed=seed, top_n_tokens=s.top_n_tokens, logit_bias=tuple(sorted(s.logit_bias.items())),
         grammar=Grammar(s.grammar.kind, s.grammar.value) if s.grammar else None,
+        prompt_logprobs=None if resumed else s.prompt_logprobs,
     )
     stopping = StoppingParams(
         max_new_tokens=spec.stopping.max_new_tokens,
@@ -39,7 +42,7 @@ def engine_params(spec: JobSpec, seed: int | None) -> tuple[SamplingParams, Stop
 
 def engine_request(spec: JobSpec, seed: int | None, generated: list[int], queued: bool) -> AddCommand:
     """`generated`: tokens already in the job's event stream (a resumed job continues after them)."""
-    sampling, stopping = engine_params(spec, seed)
+    sampling, stopping = engine_params(spec, seed, resumed=bool(generated))
     return AddCommand(
         spec.id, spec.prompt_ids, sampling, stopping, spec.priority,
         # A deadline bounds the wait in the queue; a job that another worker started has left it.
@@ -71,7 +74,16 @@ def to_job_event(event: TokenEvent) -> JobEvent:
                     for t in event.top_tokens],
         final=result is not None,
         result=result,
+        prompt=_prompt(event),
     )
+
+
+def _prompt(event: TokenEvent) -> list[PromptEventToken] | None:
+    if event.prompt_tokens is None:
+        return None
+    return [PromptEventToken(id=p.id, text=p.text, logprob=p.logprob, top_tokens=[
+        EventToken(id=t.id, text=t.text, logprob=t.logprob, special=t.special) for t in p.top_tokens])
+        for p in event.prompt_tokens]
 
 
 def refused(tokens: int, reason: str) -> JobEvent:

@@ -1,6 +1,6 @@
 """OpenAI fields against the real api + worker (tiny model): `null` as "not given", logit_bias,
-several prompts per completion, chat stream deltas, completion logprobs that match the text, and
-the refusal of what would be answered wrongly (prompt logprobs)."""
+several prompts per completion, chat stream deltas, completion logprobs that match the text (prompt
+logprobs: tests/api/test_prompt_logprobs.py)."""
 
 from __future__ import annotations
 
@@ -56,25 +56,6 @@ def test_text_generation_clients_nulls_are_accepted(tiny_service) -> None:  # ty
     nulls = {name: None for model, name in OPTIONAL if model is CompletionRequest}
     body = ok(tiny_service, "/v1/completions", {**nulls, "prompt": "hi"})
     assert body["usage"]["completion_tokens"] <= 16  # max_tokens null: OpenAI's default, 16
-
-
-@pytest.mark.parametrize(("route", "body", "field"), [
-    ("/v1/completions", {"prompt": "The capital", "echo": True, "logprobs": 1, "max_tokens": 1}, "echo"),
-    ("/v1/completions", {"prompt": "The capital", "echo": True, "logprobs": 0, "max_tokens": 0}, "echo"),
-    ("/v1/completions", {"prompt": "The capital", "echo": True, "max_tokens": 0}, "max_tokens"),
-    ("/generate", {"inputs": "The capital", "parameters": {"decoder_input_details": True}},
-     "decoder_input_details"),
-])
-def test_prompt_logprobs_are_refused_never_answered_wrongly(tiny_service, route: str, body: dict,  # type: ignore[no-untyped-def]
-                                                            field: str) -> None:
-    """lm-eval's loglikelihood requests: answered with the generated token's logprobs they would
-    score every choice 0.0; until prompt logprobs exist they are a 422 that says so."""
-    r = post(tiny_service, route, body)
-    assert r.status_code == 422, r.text
-    message = r.json()["error"]["message"] if route.startswith("/v1") else r.json()["error"]
-    assert field in message and "prompt logprobs are not computed yet" in message, message
-    if route.startswith("/v1"):
-        assert r.json()["error"]["param"] == field
 
 
 def test_top_logprobs_up_to_20(tiny_service) -> None:  # type: ignore[no-untyped-def]

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import psutil
@@ -16,6 +17,20 @@ import pytest
 from launcher.redis_server import free_port
 
 pytestmark = pytest.mark.slow
+
+
+def wait_serving(proc: subprocess.Popen, url: str, log: Path, timeout: float = 180) -> None:
+    """Until `url` answers 200; fails with the log if the process exits or the timeout passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, log.read_text()  # not serving in time
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
 
 
 def test_serve_answers_then_stops_every_child(tmp_path, default_model_dir) -> None:  # type: ignore[no-untyped-def]
@@ -30,16 +45,7 @@ def test_serve_answers_then_stops_every_child(tmp_path, default_model_dir) -> No
     base = f"http://127.0.0.1:{port}"
     children: list[psutil.Process] = []
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, (tmp_path / "serve.log").read_text()
-            assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()  # not serving in 180 s
-            try:
-                if httpx.get(base + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
+        wait_serving(proc, base + "/health", tmp_path / "serve.log")
         r = httpx.post(base + "/generate", json={"inputs": "Say hi", "parameters": {"max_new_tokens": 3}},
                        timeout=180)
         assert r.status_code == 200, r.text
