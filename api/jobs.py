@@ -15,6 +15,7 @@ from api.admission import WRITE_GRACE_S, Admission
 from api.errors import Overloaded, ValidationError
 from api.metrics import ApiMetrics
 from api.tenants import TenantIndex
+from redisconn.live import live_script
 from schemas.job import JobEvent, JobResult, JobSpec, JobStatus, RecordField
 from schemas.keys import WORKER_GROUP, Keys, event_entry_id
 from schemas.queue import ensure_group
@@ -72,7 +73,7 @@ class JobStore:
         self.tracing = tracing
         self.tenants = TenantIndex(redis, keys, settings)
         self.admission = Admission(redis, keys, settings)
-        self._end_queued = redis.register_script(_END_QUEUED)
+        self._end_queued = redis.register_script(live_script(_END_QUEUED, redis))
         self._reclaim = redis.register_script(_RECLAIM)
         self._unclaim = redis.register_script(_UNCLAIM)
 
