@@ -177,7 +177,9 @@ class JobStore:
         at once if it is still queued."""
         pipe = self.redis.pipeline(transaction=False)
         pipe.hset(self.keys.job(job_id), RecordField.CANCEL, time.time())
-        pipe.publish(self.keys.control_channel, job_id)
+        # (PUBLISH as a command: redis-py's cluster pipeline refuses the method; on a cluster the
+        # control channel is classic pub/sub, broadcast to every node, where every worker hears it)
+        pipe.execute_command("PUBLISH", self.keys.control_channel, job_id)
         await pipe.execute()
         await self.end_queued(job_id, JobStatus.CANCELLED)
 

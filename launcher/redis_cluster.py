@@ -7,6 +7,8 @@ dies takes its slots with it).
 
 from __future__ import annotations
 
+import random
+import socket
 import time
 from pathlib import Path
 
@@ -15,13 +17,29 @@ import redis
 from launcher.redis_server import EmbeddedRedis, RedisServerError
 
 SLOTS = 16384
+BUS_OFFSET = 10_000  # a node's cluster bus listens on its port + 10000
+
+
+def cluster_port() -> int:
+    """A free port whose bus port (+10000) is free too, so at most 55535."""
+    for _ in range(200):
+        port = random.randint(20_000, 55_535)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + BUS_OFFSET))
+            return port
+        except OSError:
+            continue
+    raise RedisServerError("no free port pair (port, port + 10000) for a cluster node on loopback")
 
 
 class LocalCluster:
     def __init__(self, data_dir: Path, nodes: int = 3, appendfsync: str = "everysec") -> None:
         self.data_dir = Path(data_dir)
         self.nodes = [
-            EmbeddedRedis(self.data_dir / f"node{i}", appendfsync=appendfsync, extra_args=(
+            EmbeddedRedis(self.data_dir / f"node{i}", port=cluster_port(), appendfsync=appendfsync,
+                          extra_args=(
                 "--cluster-enabled", "yes",
                 "--cluster-config-file", "nodes.conf",
                 "--cluster-node-timeout", "5000",

@@ -99,7 +99,9 @@ class Scripts:
             self._sha[name] = await self.redis.script_load(live_script(source, self.redis))
 
     def call(self, pipe: Pipeline, name: str, keys: list[str], args: list[Any]) -> None:
-        pipe.evalsha(self._sha[name], len(keys), *keys, *args)
+        # Not pipe.evalsha: redis-py's cluster pipeline refuses that method, not the command (it
+        # routes EVALSHA by its keys); a NOSCRIPT is handled by `execute` on both.
+        pipe.execute_command("EVALSHA", self._sha[name], len(keys), *keys, *args)
 
     async def execute(self, build: Callable[[Pipeline], None]) -> list[Any]:
         """Builds and runs one pipeline; results in order, errors as exception values."""
