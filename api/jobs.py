@@ -15,6 +15,7 @@ from api.admission import WRITE_GRACE_S, Admission
 from api.errors import Overloaded, ValidationError
 from api.metrics import ApiMetrics
 from api.tenants import TenantIndex
+from redisconn.live import live_script
 from schemas.job import JobEvent, JobResult, JobSpec, JobStatus, RecordField
 from schemas.keys import WORKER_GROUP, Keys, event_entry_id
 from schemas.queue import ensure_group
@@ -72,7 +73,7 @@ class JobStore:
         self.tracing = tracing
         self.tenants = TenantIndex(redis, keys, settings)
         self.admission = Admission(redis, keys, settings)
-        self._end_queued = redis.register_script(_END_QUEUED)
+        self._end_queued = redis.register_script(live_script(_END_QUEUED, redis))
         self._reclaim = redis.register_script(_RECLAIM)
         self._unclaim = redis.register_script(_UNCLAIM)
 
@@ -176,7 +177,9 @@ class JobStore:
         at once if it is still queued."""
         pipe = self.redis.pipeline(transaction=False)
         pipe.hset(self.keys.job(job_id), RecordField.CANCEL, time.time())
-        pipe.publish(self.keys.control_channel, job_id)
+        # (PUBLISH as a command: redis-py's cluster pipeline refuses the method; on a cluster the
+        # control channel is classic pub/sub, broadcast to every node, where every worker hears it)
+        pipe.execute_command("PUBLISH", self.keys.control_channel, job_id)
         await pipe.execute()
         await self.end_queued(job_id, JobStatus.CANCELLED)
 

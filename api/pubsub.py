@@ -8,6 +8,9 @@ it had confirmed before, each listener of that channel gets RESYNC: re-read the 
 after the last index it delivered. An idle connection is pinged, so a server that stopped answering
 (paused, or a half-open socket) counts as lost too. While the connection is lost, `down_since` says
 since when (the relay ends streams that wait longer than its outage timeout).
+
+`sharded`: the job channels are shard channels (SSUBSCRIBE, on Redis Cluster), this connection one
+node's; api/shard_pubsub.py keeps one such Subscriptions per node. The control channel stays classic.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ import time
 from collections.abc import Callable, Coroutine
 from contextlib import suppress
 from dataclasses import dataclass, field
+from types import MethodType
 from typing import Any
 
 from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio.cluster import ClusterPubSub
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -73,9 +78,14 @@ def dedicated(redis: Redis) -> Redis:
 
 class Subscriptions:
     def __init__(self, redis: Redis, control_channel: str,
-                 on_event: Callable[[JobEvent], object] | None = None) -> None:
+                 on_event: Callable[[JobEvent], object] | None = None, sharded: bool = False) -> None:
         self._redis = dedicated(redis)
         self._pubsub = self._redis.pubsub()
+        self._sharded = sharded
+        if sharded:  # a reconnect resubscribes one SSUBSCRIBE per slot, as redis-py's ClusterPubSub does
+            # (one SSUBSCRIBE of channels in several slots is refused with CROSSSLOT)
+            self._pubsub._resubscribe_shard_channels = MethodType(  # type: ignore[method-assign]
+                ClusterPubSub._resubscribe_shard_channels, self._pubsub)
         self._control = control_channel  # always subscribed: a pub/sub connection needs one to be read
         self._on_event = on_event
         self._listeners: dict[str, set[Listener]] = {}
@@ -91,6 +101,9 @@ class Subscriptions:
     @property
     def num_listeners(self) -> int:
         return sum(len(v) for v in self._listeners.values())
+
+    def has_listeners(self, channel: str) -> bool:
+        return bool(self._listeners.get(channel))
 
     def confirmed(self, channel: str) -> bool:
         event = self._confirmed.get(channel)
@@ -150,16 +163,19 @@ class Subscriptions:
             if wanted and channel not in self._confirmed:
                 self._confirmed[channel] = asyncio.Event()
                 try:
-                    await self._pubsub.subscribe(channel)
+                    await (self._pubsub.ssubscribe if self._sharded else self._pubsub.subscribe)(channel)
                 except BaseException:
                     del self._confirmed[channel]
                     raise
-            elif not wanted and (channel in self._confirmed or channel in self._pubsub.channels):
+            elif not wanted and (channel in self._confirmed or channel in self._held()):
                 self._confirmed.pop(channel, None)
                 try:
-                    await self._pubsub.unsubscribe(channel)
+                    await (self._pubsub.sunsubscribe if self._sharded else self._pubsub.unsubscribe)(channel)
                 except (RedisError, OSError) as exc:  # a reconnect subscribes it again: dropped then
                     log.debug("unsubscribe %s failed (%s)", channel, exc)
+
+    def _held(self) -> dict[Any, Any]:
+        return self._pubsub.shard_channels if self._sharded else self._pubsub.channels
 
     async def _read(self) -> None:
         backoff = 0.05
@@ -208,9 +224,9 @@ class Subscriptions:
             self.down_since = None
             self.reconnects += 1
         kind, channel = message["type"], message["channel"]
-        if kind == "subscribe" and channel != self._control:
+        if kind in ("subscribe", "ssubscribe") and channel != self._control:
             self._on_subscribe(channel)
-        elif kind == "message":
+        elif kind in ("message", "smessage"):
             self._deliver(channel, message["data"])
 
     def _on_subscribe(self, channel: str) -> None:

@@ -11,6 +11,10 @@ A client made by `Redis.from_url` has no retries in redis-py 8: after a Redis re
 command on each pooled connection fails on its dead socket. One immediate redial (REDIALS) hides
 that, and nothing more: while Redis is down a request fails at once (503), it does not hang in
 hidden retries.
+
+On Redis Cluster (redisconn/client.py) the client is redis-py's RedisCluster, which keeps a pool per
+node of `pool_size` connections; it has no blocking pool, so a node's exhausted pool answers at once
+with MaxConnectionsError (a ConnectionError: 503 and Retry-After too).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from redisconn.client import is_cluster, make_client
 from schemas.settings import Settings
 
 MIN_POOL = 32
@@ -33,8 +38,11 @@ def api_redis(settings: Settings) -> Redis:
     """The api's client of `settings.redis_url`, strings decoded, over a blocking pool."""
     if not settings.redis_url:
         raise ValueError("the api needs REDIS_URL (`conveyor serve` sets it for you)")
+    if is_cluster(settings):
+        return make_client(settings, max_connections=pool_size(settings), decode_responses=True,
+                           retry=Retry(NoBackoff(), REDIALS))
     pool = BlockingConnectionPool.from_url(
         settings.redis_url, max_connections=pool_size(settings), timeout=settings.redis_pool_timeout,
         decode_responses=True, retry=Retry(NoBackoff(), REDIALS),
     )
-    return Redis.from_pool(pool)
+    return make_client(settings, pool=pool)

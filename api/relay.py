@@ -22,7 +22,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from api.errors import ValidationError
-from api.pubsub import Listener, Signal, Subscriptions
+from api.pubsub import Listener, Signal
+from api.shard_pubsub import subscriptions_for
 from schemas.job import JobEvent
 from schemas.keys import Keys, event_entry_id
 
@@ -59,7 +60,8 @@ class Relay:
         self.outage_timeout = outage_timeout
         self.on_lag = on_lag  # seconds from the worker's publish to here, per live event
         self.stats = RelayStats()
-        self.subscriptions = Subscriptions(redis, f"{keys.prefix}:relay", on_event=self._observe)
+        # One classic connection on a single node; one per node, sharded, on a cluster.
+        self.subscriptions = subscriptions_for(redis, f"{keys.prefix}:relay", on_event=self._observe)
 
     @property
     def num_clients(self) -> int:

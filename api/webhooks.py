@@ -9,7 +9,13 @@ from webhooks import ssrf
 from webhooks.signing import Secrets
 
 
-async def check_webhook(webhook: Webhook, tenant: str, secrets: Secrets, allow: ssrf.Allow) -> None:
+async def check_webhook(webhook: Webhook, tenant: str, secrets: Secrets, allow: ssrf.Allow,
+                        enabled: bool = True) -> None:
+    if not enabled:  # a Redis Cluster without webhook_redis_url (redisconn.client.rq_url)
+        raise ValidationError(
+            "webhook: webhooks are off on this server (it runs on Redis Cluster, where their queue, RQ, "
+            "does not run); ask its operator to set webhook_redis_url, or submit without one",
+            param="webhook")
     if secrets.for_tenant(tenant) is None:
         raise ValidationError(
             "webhook: this server has no webhook secret for your tenant, so it could not sign your "

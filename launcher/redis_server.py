@@ -53,10 +53,12 @@ def _die_with_parent() -> None:
 
 
 class EmbeddedRedis:
-    def __init__(self, data_dir: Path, port: int = 0, appendfsync: str = "everysec") -> None:
+    def __init__(self, data_dir: Path, port: int = 0, appendfsync: str = "everysec",
+                 extra_args: tuple[str, ...] = ()) -> None:
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.appendfsync = appendfsync
+        self.extra_args = extra_args  # e.g. cluster mode (launcher/redis_cluster.py)
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -77,6 +79,7 @@ class EmbeddedRedis:
             "--daemonize", "no",
             "--loglevel", "warning",
             "--logfile", str(self.data_dir / "server.log"),
+            *self.extra_args,
         ]
         self.process = subprocess.Popen(
             args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, preexec_fn=_die_with_parent

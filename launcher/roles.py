@@ -73,7 +73,7 @@ def run_worker(settings: Settings, worker_id: str | None) -> int:
     tracing = Tracing.from_settings(settings, "conveyor-worker")
 
     async def main() -> None:
-        redis = connect(settings.redis_url)  # type: ignore[arg-type]  # its retry policy: worker/outage.py
+        redis = connect(settings)  # its retry policy: worker/outage.py
         worker = Worker(settings, engine, redis, worker_id, settings.served_model_name or source.model_id,
                         tracing)
         if settings.worker_metrics_port:
@@ -119,6 +119,7 @@ def run_webhooks(settings: Settings) -> int:
     from rq import Queue, SimpleWorker
 
     from launcher.redis_server import _die_with_parent
+    from redisconn.client import make_sync_client, rq_url
     from schemas.keys import Keys
     from telemetry import prom
     from webhooks.delivery import Deliverer, install
@@ -128,15 +129,19 @@ def run_webhooks(settings: Settings) -> int:
         raise SystemExit("conveyor webhooks: set REDIS_URL (or use `conveyor serve`, which starts Redis)")
     metrics = DeliveryMetrics()
     try:
-        deliverer = Deliverer(settings, Redis.from_url(settings.redis_url, decode_responses=True),
-                              metrics.attempt)
+        deliverer = Deliverer(settings, make_sync_client(settings, decode_responses=True), metrics.attempt)
     except ValueError as exc:  # a bad secret or allow-list entry
         raise SystemExit(f"conveyor webhooks: {exc}") from None
     install(deliverer)
     os.register_at_fork(after_in_child=_die_with_parent)  # RQ's scheduler process must not outlive us
     if settings.webhook_metrics_port:
         prom.serve(metrics.registry, settings.host, settings.webhook_metrics_port, "webhook_metrics_port")
-    connection = Redis.from_url(settings.redis_url)
+    url = rq_url(settings)
+    if url is None:
+        raise SystemExit("conveyor webhooks: RQ does not run on Redis Cluster: set "
+                         "CONVEYOR_WEBHOOK_REDIS_URL to a plain Redis for the webhook queue (the api and "
+                         "workers enqueue there)")
+    connection = Redis.from_url(url)
     queue = Queue(Keys(settings.key_prefix).webhook_queue, connection=connection)
     log.info("delivering webhooks from RQ queue %s (metrics port %s)", queue.name,
              settings.webhook_metrics_port or "off")

@@ -48,6 +48,16 @@ class Settings(BaseSettings):
         description="Seconds an api request waits for a free connection of the pool before it answers "
         "503 with Retry-After.",
     )
+    redis_cluster: bool | None = Field(
+        default=None,
+        description="REDIS_URL is a Redis Cluster (its startup nodes: redis://h1:p1,h2:p2,...); unset: "
+        "detected (several hosts in the URL, or `INFO cluster` of the first).",
+    )
+    webhook_redis_url: str | None = Field(
+        default=None,
+        description="A plain Redis for RQ's webhook queue; unset: REDIS_URL. Needed on a Redis Cluster, "
+        "where RQ does not run (without it webhooks are off there).",
+    )
     model: str | None = Field(
         default=None,
         description="Local HF model directory (Llama family) or .gguf path; unset: SmolLM2-135M-Instruct.",

@@ -4,7 +4,11 @@ service (api + worker as real processes) for end-to-end tests.
 Two servers, so that no test wipes state a running service uses: `redis_server` is for the tests
 that own their state for one test (the `redis` fixture flushes it before each); `services_redis`
 holds the session- and module-scoped services (each under its own key prefix) and is never
-flushed."""
+flushed.
+
+CONVEYOR_TEST_REDIS=cluster makes both a 3-node Redis Cluster on loopback (launcher/redis_cluster.py),
+and every client of them a cluster client: the suite of tests/test_cluster.py (CLUSTER_MODULES) runs
+so, in `make test` and alone with `make test-cluster`."""
 
 from __future__ import annotations
 
@@ -19,16 +23,39 @@ from pathlib import Path
 import httpx
 import pytest
 
+from launcher.redis_cluster import LocalCluster
 from launcher.redis_server import EmbeddedRedis, free_port
 
 REPO = Path(__file__).resolve().parents[1]
+CLUSTER = os.environ.get("CONVEYOR_TEST_REDIS") == "cluster"
+
+
+def new_redis_server(data_dir: Path) -> EmbeddedRedis | LocalCluster:
+    """A started server for the tests: one node, or a 3-node cluster under CONVEYOR_TEST_REDIS=cluster."""
+    return LocalCluster(data_dir).start() if CLUSTER else EmbeddedRedis(data_dir).start()
+
+
+def async_client(url: str):  # type: ignore[no-untyped-def]
+    """An asyncio client of a test server, strings decoded (RedisCluster for a cluster's URL)."""
+    from redisconn.client import make_client
+    from schemas.settings import Settings
+
+    return make_client(Settings(redis_url=url, redis_cluster=CLUSTER), decode_responses=True)
+
+
+def sync_client(url: str):  # type: ignore[no-untyped-def]
+    """A blocking client of a test server, strings decoded (RedisCluster for a cluster's URL)."""
+    from redisconn.client import make_sync_client
+    from schemas.settings import Settings
+
+    return make_sync_client(Settings(redis_url=url, redis_cluster=CLUSTER), decode_responses=True)
 
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
     """The Redis of per-test state: flushed by `redis` before each test that asks for it; a
     long-lived service must not use it (see `services_redis`)."""
-    server = EmbeddedRedis(tmp_path_factory.mktemp("redis")).start()
+    server = new_redis_server(tmp_path_factory.mktemp("redis"))
     yield server
     server.stop()
 
@@ -36,7 +63,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedR
 @pytest.fixture(scope="session")
 def services_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
     """The Redis of the services that outlive one test; nothing flushes it."""
-    server = EmbeddedRedis(tmp_path_factory.mktemp("services-redis")).start()
+    server = new_redis_server(tmp_path_factory.mktemp("services-redis"))
     yield server
     server.stop()
 
@@ -44,9 +71,7 @@ def services_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Embedde
 @pytest.fixture
 async def redis(redis_server: EmbeddedRedis):  # type: ignore[no-untyped-def]
     """An async client of `redis_server`, emptied first: the test starts from nothing."""
-    from redis.asyncio import Redis
-
-    client = Redis.from_url(redis_server.url, decode_responses=True)
+    client = async_client(redis_server.url)
     await client.flushdb()
     yield client
     await client.aclose()

@@ -197,7 +197,9 @@ def _from_environment() -> Deliverer:
     settings = Settings()
     if not settings.redis_url:
         raise RuntimeError("webhook delivery needs REDIS_URL: run it with `conveyor webhooks`")
-    return Deliverer(settings, Redis.from_url(settings.redis_url, decode_responses=True))
+    from redisconn.client import make_sync_client
+
+    return Deliverer(settings, make_sync_client(settings, decode_responses=True))
 
 
 def deliver(job_id: str, event: WebhookEvent, url: str, tenant: str) -> Any:

@@ -34,6 +34,20 @@ ENQUEUE_TRIES = 5
 FIRST_RETRY_S = 0.2  # then doubled: 0.2 + 0.4 + 0.8 + 1.6 s between the tries
 
 
+def webhook_queue(settings: Settings, keys: Keys) -> WebhookQueue | None:
+    """The process's webhook queue on RQ's Redis (redisconn.client.rq_url); None: webhooks are off
+    (a Redis Cluster without `webhook_redis_url`: RQ does not run on a cluster)."""
+    from redisconn.client import rq_url
+
+    url = rq_url(settings)
+    if url is None:
+        if settings.redis_url:
+            log.warning("webhooks are off: RQ does not run on Redis Cluster; set CONVEYOR_WEBHOOK_REDIS_URL "
+                        "to a plain Redis for the webhook queue")
+        return None
+    return WebhookQueue(url, keys, settings)
+
+
 class WebhookQueue:
     def __init__(self, redis_url: str, keys: Keys, settings: Settings) -> None:
         self.redis_url = redis_url

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 from redis.asyncio import Redis
 
+from redisconn.live import publish_live
 from schemas.job import JobEvent, JobResult, JobSpec, JobStatus, RecordField, Usage
 from schemas.keys import Keys
 from worker.convert import engine_request
@@ -186,7 +187,7 @@ class Intake:
                 # A resumed job: the dead worker may have written its last event without publishing
                 # it. Publish it again (subscribers drop indices they have) so none sees a gap.
                 last = t.tokens[-1]
-                pipe.publish(self.keys.channel(t.job.job_id), last.model_dump_json(exclude_none=True))
+                publish_live(pipe, self.keys.channel(t.job.job_id), last.model_dump_json(exclude_none=True))
         if len(pipe):
             await pipe.execute()
         for t, _command in starts:

@@ -25,6 +25,7 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from redisconn.client import make_client
 from schemas.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -39,9 +40,10 @@ def client_retry() -> Retry:
     return Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.05), retries=2)
 
 
-def connect(redis_url: str) -> Redis:
-    """The worker's Redis client: redis-py's retry for a dropped connection, nothing longer."""
-    return Redis.from_url(redis_url, decode_responses=True, retry=client_retry())
+def connect(settings: Settings) -> Redis:
+    """The worker's Redis client (RedisCluster on a cluster: redisconn/client.py): redis-py's retry
+    for a dropped connection, nothing longer."""
+    return make_client(settings, decode_responses=True, retry=client_retry())
 
 
 def outage_cap(settings: Settings) -> float:

@@ -30,7 +30,7 @@ from schemas.queue import ensure_group
 from schemas.settings import Settings
 from schemas.worker import EngineLoad, WorkerInfo
 from telemetry.tracing import Tracing
-from webhooks.enqueue import WebhookQueue
+from webhooks.enqueue import webhook_queue
 from worker import faults
 from worker.control_loop import ControlLoop
 from worker.engine_thread import EngineThread, StepOutput
@@ -65,7 +65,7 @@ class Worker:
         self.scripts = Scripts(redis)
         self.owned = Owned()
         self.metrics = WorkerMetrics(self._stats, lambda: len(self.owned), engine.config.block_size)
-        self.webhooks = WebhookQueue(settings.redis_url, self.keys, settings) if settings.redis_url else None
+        self.webhooks = webhook_queue(settings, self.keys)
         self.observer = Observer(self.worker_id, self.metrics, self.webhooks, tracing)
         self.publisher = Publisher(redis, self.keys, self.worker_id, self.scripts, settings.result_ttl,
                                    settings.event_stream_maxlen, self.observer)

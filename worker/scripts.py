@@ -1,9 +1,10 @@
 """The worker's Lua scripts: the few writes that must check ownership and act in one step.
 
 Each script touches the keys of one job (same hash tag) or only the jobs stream, so the layout
-keeps working on Redis Cluster. Scripts are loaded once and called with EVALSHA inside the step
-pipeline; if Redis lost its script cache (a restart), `execute` loads them again and re-runs the
-pipeline, which is safe because every write in it is idempotent (event IDs follow the token index).
+keeps working on Redis Cluster; there the live PUBLISH is SPUBLISH (redisconn/live.py). Scripts are
+loaded once and called with EVALSHA inside the step pipeline; if Redis lost its script cache (a
+restart), `execute` loads them again and re-runs the pipeline, which is safe because every write in
+it is idempotent (event IDs follow the token index).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import NoScriptError
 
+from redisconn.live import live_script
 from schemas.job import JobStatus as S
 from schemas.job import RecordField as F
 
@@ -94,10 +96,12 @@ class Scripts:
 
     async def load(self) -> None:
         for name, source in _SOURCES.items():
-            self._sha[name] = await self.redis.script_load(source)
+            self._sha[name] = await self.redis.script_load(live_script(source, self.redis))
 
     def call(self, pipe: Pipeline, name: str, keys: list[str], args: list[Any]) -> None:
-        pipe.evalsha(self._sha[name], len(keys), *keys, *args)
+        # Not pipe.evalsha: redis-py's cluster pipeline refuses that method, not the command (it
+        # routes EVALSHA by its keys); a NOSCRIPT is handled by `execute` on both.
+        pipe.execute_command("EVALSHA", self._sha[name], len(keys), *keys, *args)
 
     async def execute(self, build: Callable[[Pipeline], None]) -> list[Any]:
         """Builds and runs one pipeline; results in order, errors as exception values."""

@@ -17,7 +17,7 @@ from redis import Redis
 from launcher.redis_server import EmbeddedRedis
 from schemas.keys import Keys
 from schemas.worker import WorkerInfo
-from tests.conftest import RunningService, start_service, stop_service
+from tests.conftest import RunningService, start_service, stop_service, sync_client
 from tests.receiver import Receiver
 
 KEYS = {"key-alice": "alice", "key-bob": "bob", "key-carol": "carol", "key-dave": "dave",
@@ -51,7 +51,7 @@ def until(predicate, what: str, timeout: float = 60):  # type: ignore[no-untyped
 
 
 def redis_of(service: RunningService) -> Redis:
-    return Redis.from_url(service.redis_url, decode_responses=True)
+    return sync_client(service.redis_url)
 
 
 def keys_of(service: RunningService) -> Keys:

@@ -210,7 +210,7 @@ class Local(Jobs):
         from worker.outage import connect
         from worker.runner import Worker
 
-        client = connect(self.redis_url)  # as `conveyor worker` makes it
+        client = connect(self.settings)  # as `conveyor worker` makes it
         worker = Worker(self.settings.model_copy(update=settings), engine or self.engine(), client, worker_id)
         task = asyncio.create_task(worker.run())
         try:
