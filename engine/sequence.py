@@ -54,6 +54,11 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None  # set with status FINISHED, never without it
     order: int = field(default_factory=lambda: next(_arrival_counter))
+    # Several sequences of one request (OpenAI `n`, TGI `best_of`): which one this is, and the
+    # other choices, not yet running, that fork this one when its prompt is computed (they share
+    # its KV blocks instead of computing the prompt again; engine/fork.py).
+    choice: int = 0
+    forks: tuple[Sequence, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.token_ids:

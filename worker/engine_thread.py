@@ -94,9 +94,7 @@ class EngineThread:
             for add in command:
                 self._add(add, out)
         elif isinstance(command, AbortCommand):
-            event = self.engine.abort(command.request_id)
-            if event is not None:
-                out.events.append(event)
+            out.events.extend(self.engine.abort(command.request_id))
 
     def _add(self, command: AddCommand, out: StepOutput) -> None:
         try:
