@@ -14,13 +14,14 @@ from starlette.background import BackgroundTask
 
 from api.auth import tenant
 from api.body_text import unicode_body
+from api.choices import best, events_of
 from api.context import ApiContext
 from api.errors import ApiError, NotFound
 from api.fanout import collect_all, follow_all, submit_all
 from api.openai_validation import chat_job, check_stream_options, completion_jobs
 from api.openapi import BODY_ERRORS, error_responses, event_stream
 from api.sse import DONE, KEEP_ALIVE, failure, sse, stream, succeeded
-from schemas.job import EventToken, JobEvent, JobResult, JobSpec, JobStatus
+from schemas.job import ChoiceResult, EventToken, JobEvent, JobResult, JobSpec, JobStatus
 from schemas.openai import (
     AssistantMessage,
     ChatChoice,
@@ -60,7 +61,7 @@ def error_event(error: ApiError) -> str:
     return sse(json.dumps(error.openai_body()))
 
 
-def finish_reason(result: JobResult) -> str:
+def finish_reason(result: JobResult | ChoiceResult) -> str:
     return "length" if result.finish_reason == "length" else "stop"
 
 
@@ -121,6 +122,7 @@ def summed_usage(parts: list[CompletionUsage]) -> CompletionUsage:
 
 
 ChunkModel = type[ChatCompletionChunk] | type[Completion]
+Ending = JobResult | ChoiceResult  # how the choice of a chunk ended: its job's result, or its own
 
 
 async def _one(ctx: ApiContext, spec: JobSpec) -> AsyncGenerator[tuple[int, JobEvent | None], None]:
@@ -130,10 +132,12 @@ async def _one(ctx: ApiContext, spec: JobSpec) -> AsyncGenerator[tuple[int, JobE
 
 async def _chunks(
     ctx: ApiContext, specs: list[JobSpec], model: ChunkModel, head: dict[str, Any], include_usage: bool,
-    choice: Callable[[int, JobEvent, JobResult | None], Any], ended: set[int],
+    choice: Callable[[int, JobEvent, Ending | None], Any], ended: set[int],
 ) -> AsyncIterator[str]:
-    """The jobs' events as OpenAI chunks, interleaved as they come (`choice` renders event of job i,
-    the choice of that `index`), the usage chunk (summed) if asked for, then `[DONE]`. With
+    """The jobs' events as OpenAI chunks, interleaved as they come (`choice` renders an event as the
+    choice of that `index`: job i's choice c is index i × n + c, as OpenAI numbers several prompts'
+    choices; each choice ends with its own finish_reason), the usage chunk (summed) if asked for,
+    then `[DONE]`. With
     include_usage every chunk carries `usage` (null but in the last). A job that fails ends the
     stream with an error event; the others are then cancelled. `ended`: the jobs seen to end."""
     usage_null = {"usage": None} if include_usage else {}
@@ -152,7 +156,8 @@ async def _chunks(
                     yield error_event(failure(result))
                     return
                 results[i] = result
-            chunk = model(**head, choices=[choice(i, event, result)])
+            index = i * specs[i].n + event.choice
+            chunk = model(**head, choices=[choice(index, event, event.choice_end or result)])
             yield sse(json.dumps({**chunk.model_dump(mode="json", exclude={"usage"}), **usage_null}))
             if len(results) == len(specs):
                 break
@@ -168,7 +173,7 @@ async def _cancel_unended(ctx: ApiContext, specs: list[JobSpec], ended: set[int]
             ctx.cancel_soon(spec.id)
 
 
-Choice = Callable[[int, JobEvent, JobResult | None], Any]
+Choice = Callable[[int, JobEvent, Ending | None], Any]
 
 
 def _stream_jobs(ctx: ApiContext, specs: list[JobSpec], model: ChunkModel, head: dict[str, Any],
@@ -192,10 +197,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, tenant
     await ctx.jobs.submit(spec)
     common = _head("chatcmpl", spec, ctx)
     if body.stream:
-        first = [True]  # OpenAI names the role in the first chunk's delta only
+        named: set[int] = set()  # OpenAI names the role in each choice's first delta only
 
-        def choice(i: int, event: JobEvent, result: JobResult | None) -> ChunkChoice:
-            role: Literal["assistant"] | None = "assistant" if first and first.pop() else None
+        def choice(i: int, event: JobEvent, result: Ending | None) -> ChunkChoice:
+            role: Literal["assistant"] | None = None if i in named else "assistant"
+            named.add(i)
             return ChunkChoice(
                 index=i,
                 delta=ChunkDelta(role=role, content=_text(event)),
@@ -215,9 +221,10 @@ def chat_answer(ctx: ApiContext, spec: JobSpec, body: ChatCompletionRequest,
     result = succeeded(events[-1])
     return ChatCompletion(
         **_head("chatcmpl", spec, ctx),
-        choices=[ChatChoice(message=AssistantMessage(content=result.generated_text),
-                            logprobs=_chat_logprobs(events) if body.logprobs else None,
-                            finish_reason=finish_reason(result))],  # type: ignore[arg-type]
+        choices=[ChatChoice(index=i, message=AssistantMessage(content=c.generated_text),
+                            logprobs=_chat_logprobs(events_of(events, c.index)) if body.logprobs else None,
+                            finish_reason=finish_reason(c))  # type: ignore[arg-type]
+                 for i, c in enumerate(best(result, spec.n))],
         usage=usage(result, spec),
     )
 
@@ -233,10 +240,12 @@ async def completions(body: CompletionRequest, request: Request, tenant: str = D
     await submit_all(ctx, specs)
     job_ids = ",".join(spec.id for spec in specs)
     if body.stream:
-        echo = {i: ctx.tokenizer.decode(spec.prompt_ids) for i, spec in enumerate(specs)} if body.echo else {}
-        offsets = [0] * len(specs)  # text_offset: where each choice's next text starts
+        n = body.n
+        echo = {i * n + c: ctx.tokenizer.decode(spec.prompt_ids)
+                for i, spec in enumerate(specs) for c in range(n)} if body.echo else {}
+        offsets = [0] * (len(specs) * n)  # text_offset: where each choice's next text starts
 
-        def choice(i: int, event: JobEvent, result: JobResult | None) -> CompletionChoice:
+        def choice(i: int, event: JobEvent, result: Ending | None) -> CompletionChoice:
             text = echo.pop(i, "") + _text(event)
             logprobs = None
             if body.logprobs is not None:
@@ -255,7 +264,8 @@ async def completions(body: CompletionRequest, request: Request, tenant: str = D
         answers = [completion_answer(ctx, spec, body, events)
                    for spec, events in zip(specs, await collect_all(ctx, specs, request), strict=True)]
         completion = answers[0].model_copy(update={
-            "choices": [c.model_copy(update={"index": i}) for i, a in enumerate(answers) for c in a.choices],
+            "choices": [c.model_copy(update={"index": i})
+                        for i, c in enumerate(c for a in answers for c in a.choices)],
             "usage": summed_usage([a.usage for a in answers if a.usage is not None]),
         })
     return JSONResponse(completion.model_dump(mode="json"), headers={"X-Job-Id": job_ids})
@@ -269,9 +279,11 @@ def completion_answer(ctx: ApiContext, spec: JobSpec, body: CompletionRequest,
     return Completion(
         **_head("cmpl", spec, ctx),
         choices=[CompletionChoice(
-            text=prompt_text + result.generated_text,
-            logprobs=_completion_logprobs(events, len(prompt_text)) if body.logprobs is not None else None,
-            finish_reason=finish_reason(result))],  # type: ignore[arg-type]
+            index=i, text=prompt_text + c.generated_text,
+            logprobs=_completion_logprobs(events_of(events, c.index), len(prompt_text))
+            if body.logprobs is not None else None,
+            finish_reason=finish_reason(c))  # type: ignore[arg-type]
+            for i, c in enumerate(best(result, spec.n))],
         usage=usage(result, spec),
     )
 

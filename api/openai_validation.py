@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from api import choices
 from api.chat_template import ChatTemplate
 from api.errors import ValidationError
 from api.tokenizer import PromptTokenizer
@@ -56,6 +57,18 @@ def _sampling(body: _Sampling, top_n_tokens: int, vocab: int) -> SamplingSpec:
 
 def _check_common(settings: Settings, body: _Sampling) -> None:
     check_stop(settings, body.stop_list)
+    choices.check_openai(settings, body.n, getattr(body, "best_of", None), body.stream)
+
+
+def _with_choices(spec: JobSpec, settings: Settings, body: _Sampling, field: str) -> JobSpec:
+    """n and best_of on the job; their tokens against the batch budget."""
+    best_of = getattr(body, "best_of", None)
+    width = max(body.n, best_of or 1)
+    choices.check_tokens(settings, width, len(spec.prompt_ids), spec.stopping.max_new_tokens,
+                         "best_of" if width > body.n else "n", field)
+    spec.n = body.n
+    spec.best_of = best_of if width > body.n else None
+    return spec
 
 
 def _message(i: int, message: Any) -> dict[str, Any]:
@@ -93,7 +106,8 @@ def chat_job(settings: Settings, tokenizer: PromptTokenizer, template: ChatTempl
     max_new = resolve_max_new_tokens(settings, len(prompt_ids), body.max_completion_tokens or body.max_tokens,
                                      field=field, prompt_field="messages")
     stopping = StoppingSpec(max_new_tokens=max_new, stop=body.stop_list, ignore_eos=body.ignore_eos)
-    return new_spec(prompt_ids, _sampling(body, top_n, tokenizer.vocab_size), stopping, tenant, "chat")
+    spec = new_spec(prompt_ids, _sampling(body, top_n, tokenizer.vocab_size), stopping, tenant, "chat")
+    return _with_choices(spec, settings, body, field)
 
 
 def completion_prompts(body: CompletionRequest) -> list[str | list[int]]:
@@ -155,7 +169,8 @@ def _completion_spec(settings: Settings, tokenizer: PromptTokenizer, body: Compl
                                      prompt_field=field)
     stopping = StoppingSpec(max_new_tokens=max_new, stop=body.stop_list, ignore_eos=body.ignore_eos)
     sampling = _sampling(body, body.logprobs or 0, tokenizer.vocab_size)
-    return new_spec(prompt_ids, sampling, stopping, tenant, "completion")
+    return _with_choices(new_spec(prompt_ids, sampling, stopping, tenant, "completion"), settings, body,
+                         "max_tokens")
 
 
 def completion_job(settings: Settings, tokenizer: PromptTokenizer, body: CompletionRequest,

@@ -10,13 +10,15 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from api.auth import tenant
 from api.body_text import unicode_body
+from api.choices import best_by_mean, choices, events_of
 from api.context import ApiContext
 from api.errors import ApiError
 from api.openapi import BODY_ERRORS, error_responses, event_stream
 from api.sse import KEEP_ALIVE, failure, sse, stream, succeeded
 from api.validation import tgi_job
-from schemas.job import EventToken, JobResult, JobSpec, JobStatus
+from schemas.job import ChoiceResult, EventToken, JobEvent, JobResult, JobSpec, JobStatus
 from schemas.tgi import (
+    BestOfSequence,
     CompatGenerateRequest,
     Details,
     GenerateRequest,
@@ -41,8 +43,9 @@ def _full_text(inputs: str, text: str, return_full_text: bool | None) -> str:
     return inputs + text if return_full_text else text
 
 
-async def submit(ctx: ApiContext, body: GenerateRequest, tenant: str) -> JobSpec:
-    spec = tgi_job(ctx.settings, ctx.tokenizer, ctx.chat_template, body.inputs, body.parameters, tenant)
+async def submit(ctx: ApiContext, body: GenerateRequest, tenant: str, stream: bool = False) -> JobSpec:
+    spec = tgi_job(ctx.settings, ctx.tokenizer, ctx.chat_template, body.inputs, body.parameters, tenant,
+                   stream)
     await ctx.jobs.submit(spec)
     return spec
 
@@ -52,19 +55,29 @@ async def _generate(body: GenerateRequest, request: Request, tenant: str) -> tup
     spec = await submit(ctx, body, tenant)
     events = await ctx.collect(spec.id, request)
     result = succeeded(events[-1])
-    tokens = [_token(e.token) for e in events if e.token is not None]
+    top, others = best_by_mean(result) if spec.width > 1 else (choices(result)[0], [])
+    full = body.parameters.return_full_text
     details = None
     if body.parameters.details:
-        details = Details(
-            finish_reason=result.finish_reason,  # type: ignore[arg-type]
-            generated_tokens=result.usage.completion_tokens if result.usage else len(tokens),
-            seed=result.seed,
-            tokens=tokens,
-            top_tokens=[[_token(t) for t in e.top_tokens] for e in events if e.token is not None]
-            if spec.sampling.top_n_tokens else [],
-        )
-    text = _full_text(body.inputs, result.generated_text, body.parameters.return_full_text)
+        sequence = _sequence(body.inputs, full, spec, top, events_of(events, top.index))
+        details = Details(**sequence.model_dump(exclude={"generated_text"}), best_of_sequences=[
+            _sequence(body.inputs, full, spec, c, events_of(events, c.index)) for c in others] or None)
+    text = _full_text(body.inputs, top.generated_text, full)
     return GenerateResponse(generated_text=text, details=details), spec.id
+
+
+def _sequence(inputs: str, full: bool | None, spec: JobSpec, choice: ChoiceResult,
+              events: list[JobEvent]) -> BestOfSequence:
+    """One sequence's text and details (TGI's `details`, or an entry of `best_of_sequences`)."""
+    tokens = [e for e in events if e.token is not None]
+    return BestOfSequence(
+        generated_text=_full_text(inputs, choice.generated_text, full),
+        finish_reason=choice.finish_reason,  # type: ignore[arg-type]
+        generated_tokens=choice.completion_tokens or len(tokens),
+        seed=choice.seed,
+        tokens=[_token(e.token) for e in tokens if e.token is not None],
+        top_tokens=[[_token(t) for t in e.top_tokens] for e in tokens] if spec.sampling.top_n_tokens else [],
+    )
 
 
 @router.post("/generate", response_model=GenerateResponse, responses=ERRORS)
@@ -116,7 +129,7 @@ async def generate_stream(body: GenerateRequest, request: Request,
     """Generate tokens, streamed as Server-Sent Events in TGI's shape. A client that disconnects
     cancels its job."""
     ctx = ApiContext.of(request)
-    spec = await submit(ctx, body, tenant)
+    spec = await submit(ctx, body, tenant, stream=True)
     return stream(_stream(ctx, spec, body), error_event, spec.id)
 
 

@@ -8,7 +8,9 @@ from engine.events import TokenEvent
 from engine.params import SamplingParams, StoppingParams
 from engine.sequence import FinishReason
 from schemas.job import EventToken, JobEvent, JobResult, JobSpec, JobStatus, Usage
+from worker.choices import Choices
 from worker.engine_thread import AddCommand
+from worker.owned import InFlight
 
 _STATUS_BY_REASON = {
     FinishReason.EOS: JobStatus.SUCCEEDED,
@@ -36,17 +38,21 @@ def engine_params(spec: JobSpec, seed: int | None) -> tuple[SamplingParams, Stop
     return sampling, stopping
 
 
-def engine_request(spec: JobSpec, seed: int | None, generated: list[int], queued: bool) -> AddCommand:
-    """`generated`: tokens already in the job's event stream (a resumed job continues after them)."""
+def engine_request(spec: JobSpec, seed: int | None, generated: list[int], queued: bool,
+                   choices: Choices | None = None) -> AddCommand:
+    """`generated`: tokens already in the job's event stream (a resumed job continues after them);
+    for a multi-choice job, `choices` says which choices are left and their tokens."""
     sampling, stopping = engine_params(spec, seed)
+    resumed = choices.unfinished() if choices is not None and choices.next_index else None
     return AddCommand(
         spec.id, spec.prompt_ids, sampling, stopping, spec.priority,
         # A deadline bounds the wait in the queue; a job that another worker started has left it.
-        deadline=spec.deadline if queued else None, generated=generated,
+        deadline=spec.deadline if queued else None, generated=generated, n=spec.width, resumed=resumed,
     )
 
 
-def to_job_event(event: TokenEvent) -> JobEvent:
+def to_job_event(event: TokenEvent, choices: Choices | None = None) -> JobEvent:
+    """The job event of an engine event; of a multi-choice job, numbered in its stream by `choices`."""
     token = None
     if event.token_id is not None:
         token = EventToken(id=event.token_id, text=event.text, logprob=event.logprob, special=event.special)
@@ -63,7 +69,7 @@ def to_job_event(event: TokenEvent) -> JobEvent:
             ),
             seed=event.seed,
         )
-    return JobEvent(
+    job_event = JobEvent(
         index=event.index,
         token=token,
         top_tokens=[EventToken(id=t.id, text=t.text, logprob=t.logprob, special=t.special)
@@ -71,9 +77,12 @@ def to_job_event(event: TokenEvent) -> JobEvent:
         final=result is not None,
         result=result,
     )
+    return job_event if choices is None else choices.track(event.choice, job_event)
 
 
-def refused(tokens: int, reason: str) -> JobEvent:
+def refused(job: InFlight, reason: str) -> JobEvent:
     """The final event of a job the engine refused (it can never fit): `failed`, with the engine's
     message."""
-    return JobEvent.ending(tokens, JobResult.final(JobStatus.FAILED, error=reason))
+    if job.choices is not None:
+        return JobEvent.ending(job.next_index, job.choices.result(JobStatus.FAILED, reason))
+    return JobEvent.ending(job.tokens, JobResult.final(JobStatus.FAILED, error=reason))

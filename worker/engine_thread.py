@@ -33,6 +33,8 @@ class AddCommand:
     priority: int = 0
     deadline: float | None = None
     generated: list[int] = field(default_factory=list)
+    n: int = 1  # sequences of a multi-choice job
+    resumed: dict[int, list[int]] | None = None  # a resumed one's unfinished choices and their tokens
 
 
 @dataclass(slots=True)
@@ -106,6 +108,8 @@ class EngineThread:
                 priority=command.priority,
                 deadline=command.deadline,
                 generated=command.generated,
+                n=command.n,
+                resumed=command.resumed,
             )
         except ValueError as exc:  # e.g. it can never fit in this engine's KV cache
             out.rejected.append((command.request_id, str(exc)))
