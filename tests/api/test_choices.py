@@ -86,7 +86,8 @@ def test_tgi_best_of_with_best_of_sequences(tiny_service) -> None:  # type: igno
     ("/v1/completions", {"prompt": "a", "n": 5}, "n", "`n` must be <= 4"),
     ("/v1/completions", {"prompt": "a", "n": 3, "best_of": 2}, "best_of", "`best_of` must be >= `n`"),
     ("/v1/completions", {"prompt": "a", "best_of": 5}, "best_of", "`best_of` must be <= 4"),
-    ("/v1/completions", {"prompt": "a", "best_of": 2, "stream": True}, "best_of", "not supported when streaming"),
+    ("/v1/completions", {"prompt": "a", "best_of": 2, "stream": True}, "best_of",
+     "not supported when streaming"),
     ("/v1/chat/completions", {"messages": MSG, "n": 9}, "n", "`n` must be <= 4"),
 ])
 def test_openai_refusals(tiny_service, route: str, body: dict, param: str, words: str) -> None:  # type: ignore[no-untyped-def]
@@ -136,3 +137,16 @@ def test_cancel_of_a_multi_choice_job(tiny_service) -> None:  # type: ignore[no-
     assert [c["index"] for c in choices] == [0, 1, 2]
     assert all(c["finish_reason"] == "cancelled" and c["completion_tokens"] < 1500 for c in choices)
     until(lambda: blocks_used(tiny_service) == 0, "the worker freed every choice's KV blocks")
+
+
+def test_every_sequence_counts_against_the_batch_token_budget() -> None:
+    from api.choices import check_tokens
+    from api.errors import ValidationError
+    from schemas.settings import Settings
+
+    settings = Settings(max_batch_total_tokens=1000)
+    check_tokens(settings, 3, 100, 300, "n", "max_tokens")  # 100 + 3 × 300 = 1000: fits
+    with pytest.raises(ValidationError, match=r"100 \+ 3 × 301 = 1003") as refused:
+        check_tokens(settings, 3, 100, 301, "n", "max_tokens")
+    assert refused.value.param == "n"
+    check_tokens(Settings(), 4, 100, 4000, "n", "max_tokens")  # no budget set: the KV cache bounds it

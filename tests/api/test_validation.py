@@ -45,7 +45,7 @@ CHAT = [
     ({"messages": [{"role": "robot", "content": "hi"}]}, "messages.0.role"),
     ({"messages": MSG, "temperature": 2.5}, "temperature"),
     ({"messages": MSG, "top_p": 0}, "top_p"),
-    ({"messages": MSG, "n": 2}, "n"),
+    ({"messages": MSG, "n": 9}, "n"),
     ({"messages": MSG, "max_tokens": 0}, "max_tokens"),
     ({"messages": MSG, "max_tokens": 5000}, "max_tokens"),
     ({"messages": MSG, "max_completion_tokens": 5000}, "max_completion_tokens"),
@@ -77,7 +77,7 @@ COMPLETION = [
     ({"prompt": "hi", "logit_bias": {"1.5": 1}}, "logit_bias"),
     ({"prompt": [99999999]}, "prompt"),
     ({"prompt": "hi", "logprobs": 6}, "logprobs"),
-    ({"prompt": "hi", "best_of": 2}, "best_of"),
+    ({"prompt": "hi", "n": 2, "best_of": 1}, "best_of"),
     ({"prompt": "hi", "suffix": "x"}, "suffix"),
     ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
 ]
