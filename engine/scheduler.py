@@ -97,6 +97,11 @@ class Scheduler:
                 f" {need - seq.num_tokens} new), more than the engine holds for one sequence"
                 f" ({self.max_seq_len}): lower max_new_tokens or shorten the input"
             )
+        if 1 + len(seq.forks) > self.config.max_batch_size:
+            raise ValueError(
+                f"request {seq.request_id!r} has {1 + len(seq.forks)} sequences, more than a batch"
+                f" holds ({self.config.max_batch_size}): lower n / best_of or raise max_batch_size"
+            )
         self._by_id.setdefault(seq.request_id, {})[seq.choice] = seq
         bisect.insort(self._waiting, seq, key=_rank)
 

@@ -169,3 +169,13 @@ def test_copy_on_write_in_the_block_manager() -> None:
     assert bm.blocks[child.block_table[0]].ref_count == 1
     bm.free(child)
     assert bm.num_free_blocks == 8
+
+
+def test_more_sequences_than_a_batch_holds_are_refused(tiny_model_dir: Path) -> None:
+    small = Engine.from_pretrained(tiny_model_dir, EngineConfig(num_blocks=16, max_batch_size=2, device="cpu",
+                                                               dtype="float32"))
+    with pytest.raises(ValueError, match="3 sequences, more than a batch holds"):
+        small.add("r", PROMPT, sampling=SAMPLED, stopping=STOP, n=3)
+    assert not small.has_unfinished()
+    small.add("r", PROMPT, sampling=SAMPLED, stopping=STOP, n=2)  # two fit
+    assert sorted(by_choice(run(small))) == [0, 1]
