@@ -150,3 +150,17 @@ def test_every_sequence_counts_against_the_batch_token_budget() -> None:
         check_tokens(settings, 3, 100, 301, "n", "max_tokens")
     assert refused.value.param == "n"
     check_tokens(Settings(), 4, 100, 4000, "n", "max_tokens")  # no budget set: the KV cache bounds it
+
+
+def test_the_openai_client_reads_n_choices(tiny_service) -> None:  # type: ignore[no-untyped-def]
+    from tests.api.test_openai_clients import client as openai_client
+
+    client = openai_client(tiny_service)
+    got = client.chat.completions.create(model="m", messages=MSG, n=2, **SAMPLED)  # type: ignore[arg-type]
+    assert [c.index for c in got.choices] == [0, 1] and got.usage is not None
+    assert got.usage.completion_tokens == 12
+    streamed: dict[int, str] = {}
+    for chunk in client.chat.completions.create(model="m", messages=MSG, n=2, stream=True, **SAMPLED):  # type: ignore[arg-type]
+        for c in chunk.choices:
+            streamed[c.index] = streamed.get(c.index, "") + (c.delta.content or "")
+    assert streamed == {c.index: c.message.content for c in got.choices}
