@@ -156,11 +156,13 @@ def test_the_openai_client_reads_n_choices(tiny_service) -> None:  # type: ignor
     from tests.api.test_openai_clients import client as openai_client
 
     client = openai_client(tiny_service)
-    got = client.chat.completions.create(model="m", messages=MSG, n=2, **SAMPLED)  # type: ignore[arg-type]
+    options = {"temperature": 1.0, "seed": 7, "max_tokens": 6, "extra_body": {"ignore_eos": True}}
+    got = client.chat.completions.create(model="m", messages=MSG, n=2, **options)  # type: ignore[arg-type]
     assert [c.index for c in got.choices] == [0, 1] and got.usage is not None
     assert got.usage.completion_tokens == 12
     streamed: dict[int, str] = {}
-    for chunk in client.chat.completions.create(model="m", messages=MSG, n=2, stream=True, **SAMPLED):  # type: ignore[arg-type]
+    for chunk in client.chat.completions.create(model="m", messages=MSG, n=2, stream=True,  # type: ignore[call-overload]
+                                                **options):
         for c in chunk.choices:
             streamed[c.index] = streamed.get(c.index, "") + (c.delta.content or "")
     assert streamed == {c.index: c.message.content for c in got.choices}
