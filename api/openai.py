@@ -14,6 +14,7 @@ from starlette.background import BackgroundTask
 
 from api.auth import tenant
 from api.body_text import unicode_body
+from api.choices import best, events_of
 from api.context import ApiContext
 from api.errors import ApiError, NotFound
 from api.fanout import collect_all, follow_all, submit_all
@@ -23,7 +24,7 @@ from api.prompt_details import echo_logprobs, joined, prompt_of
 from api.sse import DONE, KEEP_ALIVE, failure, sse, stream, succeeded
 from api.tool_stream import ToolStream
 from api.tools import mode, parse
-from schemas.job import EventToken, JobEvent, JobResult, JobSpec, JobStatus
+from schemas.job import ChoiceResult, EventToken, JobEvent, JobResult, JobSpec, JobStatus, PromptEventToken
 from schemas.openai import (
     AssistantMessage,
     ChatChoice,
@@ -63,7 +64,7 @@ def error_event(error: ApiError) -> str:
     return sse(json.dumps(error.openai_body()))
 
 
-def finish_reason(result: JobResult) -> str:
+def finish_reason(result: JobResult | ChoiceResult) -> str:
     return "length" if result.finish_reason == "length" else "stop"
 
 
@@ -93,7 +94,8 @@ def _chat_logprobs(events: list[JobEvent]) -> ChoiceLogprobs:
     ])
 
 
-def _completion_logprobs(events: list[JobEvent], offset: int, echo: bool = False) -> CompletionLogprobs:
+def _completion_logprobs(events: list[JobEvent], offset: int, echo: bool = False,
+                         prompt: list[PromptEventToken] | None = None) -> CompletionLogprobs:
     """One entry per token that shows text, so `tokens` join to the choice's text. A token whose
     text is empty (the one completing a stop sequence, one held back for a stop sequence or only
     part of a character) has no entry: its text comes with a later token's. Usage still counts it.
@@ -108,7 +110,18 @@ def _completion_logprobs(events: list[JobEvent], offset: int, echo: bool = False
         out.top_logprobs.append({t.text: t.logprob or 0.0 for t in e.top_tokens})  # type: ignore[union-attr]
         out.text_offset.append(offset)
         offset += len(e.token.text)
-    return joined(echo_logprobs(prompt_of(events)), out) if echo else out
+    return joined(echo_logprobs(prompt_of(events) if prompt is None else prompt), out) if echo else out
+
+
+def _chat_choice(body: ChatCompletionRequest, i: int, c: ChoiceResult, events: list[JobEvent]) -> ChatChoice:
+    """One choice of a chat answer: its text, or the tool calls parsed from it."""
+    message, reason = AssistantMessage(content=c.generated_text), finish_reason(c)
+    if mode(body) != "none":
+        parsed = parse(body, c.generated_text)
+        message = AssistantMessage(content=parsed.content, tool_calls=parsed.tool_calls or None)
+        reason = "tool_calls" if parsed.tool_calls else reason
+    return ChatChoice(index=i, message=message, logprobs=_chat_logprobs(events) if body.logprobs else None,
+                      finish_reason=reason)  # type: ignore[arg-type]
 
 
 def _head(prefix: str, spec: JobSpec, ctx: ApiContext) -> dict[str, Any]:
@@ -126,6 +139,7 @@ def summed_usage(parts: list[CompletionUsage]) -> CompletionUsage:
 
 
 ChunkModel = type[ChatCompletionChunk] | type[Completion]
+Ending = JobResult | ChoiceResult  # how the choice of a chunk ended: its job's result, or its own
 
 
 async def _one(ctx: ApiContext, spec: JobSpec) -> AsyncGenerator[tuple[int, JobEvent | None], None]:
@@ -135,10 +149,12 @@ async def _one(ctx: ApiContext, spec: JobSpec) -> AsyncGenerator[tuple[int, JobE
 
 async def _chunks(
     ctx: ApiContext, specs: list[JobSpec], model: ChunkModel, head: dict[str, Any], include_usage: bool,
-    choice: Callable[[int, JobEvent, JobResult | None], Any], ended: set[int],
+    choice: Callable[[int, JobEvent, Ending | None], Any], ended: set[int],
 ) -> AsyncIterator[str]:
-    """The jobs' events as OpenAI chunks, interleaved as they come (`choice` renders event of job i,
-    the choice of that `index`), the usage chunk (summed) if asked for, then `[DONE]`. With
+    """The jobs' events as OpenAI chunks, interleaved as they come (`choice` renders an event as the
+    choice of that `index`: job i's choice c is index i × n + c, as OpenAI numbers several prompts'
+    choices; each choice ends with its own finish_reason), the usage chunk (summed) if asked for,
+    then `[DONE]`. With
     include_usage every chunk carries `usage` (null but in the last). A job that fails ends the
     stream with an error event; the others are then cancelled. `ended`: the jobs seen to end."""
     usage_null = {"usage": None} if include_usage else {}
@@ -157,7 +173,8 @@ async def _chunks(
                     yield error_event(failure(result))
                     return
                 results[i] = result
-            chunk = model(**head, choices=[choice(i, event, result)])
+            index = i * specs[i].n + event.choice
+            chunk = model(**head, choices=[choice(index, event, event.choice_end or result)])
             yield sse(json.dumps({**chunk.model_dump(mode="json", exclude={"usage"}), **usage_null}))
             if len(results) == len(specs):
                 break
@@ -173,7 +190,7 @@ async def _cancel_unended(ctx: ApiContext, specs: list[JobSpec], ended: set[int]
             ctx.cancel_soon(spec.id)
 
 
-Choice = Callable[[int, JobEvent, JobResult | None], Any]
+Choice = Callable[[int, JobEvent, Ending | None], Any]
 
 
 def _stream_jobs(ctx: ApiContext, specs: list[JobSpec], model: ChunkModel, head: dict[str, Any],
@@ -197,14 +214,16 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, tenant
     await ctx.jobs.submit(spec)
     common = _head("chatcmpl", spec, ctx)
     if body.stream:
-        first = [True]  # OpenAI names the role in the first chunk's delta only
-        tools = ToolStream(body) if mode(body) != "none" else None
+        named: set[int] = set()  # OpenAI names the role in each choice's first delta only
+        tool_streams: dict[int, ToolStream] = {}  # each choice's tool-call parser
 
-        def choice(i: int, event: JobEvent, result: JobResult | None) -> ChunkChoice:
-            role: Literal["assistant"] | None = "assistant" if first and first.pop() else None
+        def choice(i: int, event: JobEvent, result: Ending | None) -> ChunkChoice:
+            role: Literal["assistant"] | None = None if i in named else "assistant"
+            named.add(i)
             content: str | None = _text(event)
-            calls = None
-            if tools is not None:
+            calls, tools = None, None
+            if mode(body) != "none":
+                tools = tool_streams.setdefault(i, ToolStream(body))
                 content, calls = tools.feed(_text(event), result is not None)
             reason = finish_reason(result) if result else None
             return ChunkChoice(
@@ -224,15 +243,10 @@ def chat_answer(ctx: ApiContext, spec: JobSpec, body: ChatCompletionRequest,
                 events: list[JobEvent]) -> ChatCompletion:
     """The non-streaming answer of a finished chat job (also a batch line's `response.body`)."""
     result = succeeded(events[-1])
-    message, reason = AssistantMessage(content=result.generated_text), finish_reason(result)
-    if mode(body) != "none":
-        parsed = parse(body, result.generated_text)
-        message = AssistantMessage(content=parsed.content, tool_calls=parsed.tool_calls or None)
-        reason = "tool_calls" if parsed.tool_calls else reason
     return ChatCompletion(
         **_head("chatcmpl", spec, ctx),
-        choices=[ChatChoice(message=message, logprobs=_chat_logprobs(events) if body.logprobs else None,
-                            finish_reason=reason)],  # type: ignore[arg-type]
+        choices=[_chat_choice(body, i, c, events_of(events, c.index))
+                 for i, c in enumerate(best(result, spec.n))],
         usage=usage(result, spec),
     )
 
@@ -248,10 +262,12 @@ async def completions(body: CompletionRequest, request: Request, tenant: str = D
     await submit_all(ctx, specs)
     job_ids = ",".join(spec.id for spec in specs)
     if body.stream:
-        echo = {i: ctx.tokenizer.decode(spec.prompt_ids) for i, spec in enumerate(specs)} if body.echo else {}
-        offsets = [0] * len(specs)  # text_offset: where each choice's next text starts
+        n = body.n
+        echo = {i * n + c: ctx.tokenizer.decode(spec.prompt_ids)
+                for i, spec in enumerate(specs) for c in range(n)} if body.echo else {}
+        offsets = [0] * (len(specs) * n)  # text_offset: where each choice's next text starts
 
-        def choice(i: int, event: JobEvent, result: JobResult | None) -> CompletionChoice:
+        def choice(i: int, event: JobEvent, result: Ending | None) -> CompletionChoice:
             text = echo.pop(i, "") + _text(event)
             logprobs = None
             if body.logprobs is not None:
@@ -271,7 +287,8 @@ async def completions(body: CompletionRequest, request: Request, tenant: str = D
         answers = [completion_answer(ctx, spec, body, events)
                    for spec, events in zip(specs, await collect_all(ctx, specs, request), strict=True)]
         completion = answers[0].model_copy(update={
-            "choices": [c.model_copy(update={"index": i}) for i, a in enumerate(answers) for c in a.choices],
+            "choices": [c.model_copy(update={"index": i})
+                        for i, c in enumerate(c for a in answers for c in a.choices)],
             "usage": summed_usage([a.usage for a in answers if a.usage is not None]),
         })
     return JSONResponse(completion.model_dump(mode="json"), headers={"X-Job-Id": job_ids})
@@ -285,10 +302,11 @@ def completion_answer(ctx: ApiContext, spec: JobSpec, body: CompletionRequest,
     return Completion(
         **_head("cmpl", spec, ctx),
         choices=[CompletionChoice(
-            text=prompt_text + result.generated_text,
-            logprobs=_completion_logprobs(events, len(prompt_text), body.echo)
-            if body.logprobs is not None else None,
-            finish_reason=finish_reason(result))],  # type: ignore[arg-type]
+            index=i, text=prompt_text + c.generated_text,
+            logprobs=_completion_logprobs(events_of(events, c.index), len(prompt_text), body.echo,
+                                          prompt_of(events)) if body.logprobs is not None else None,
+            finish_reason=finish_reason(c))  # type: ignore[arg-type]
+            for i, c in enumerate(best(result, spec.n))],
         usage=usage(result, spec),
     )
 

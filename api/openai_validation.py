@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from api import choices
 from api.chat_template import ChatTemplate
 from api.errors import ValidationError
 from api.grammar import from_response_format
@@ -63,6 +64,18 @@ def _dumped(rf: ResponseFormat | None) -> dict[str, Any] | None:
 
 def _check_common(settings: Settings, body: _Sampling) -> None:
     check_stop(settings, body.stop_list)
+    choices.check_openai(settings, body.n, getattr(body, "best_of", None), body.stream)
+
+
+def _with_choices(spec: JobSpec, settings: Settings, body: _Sampling, field: str) -> JobSpec:
+    """n and best_of on the job; their tokens against the batch budget."""
+    best_of = getattr(body, "best_of", None)
+    width = max(body.n, best_of or 1)
+    choices.check_tokens(settings, width, len(spec.prompt_ids), spec.stopping.max_new_tokens,
+                         "best_of" if width > body.n else "n", field)
+    spec.n = body.n
+    spec.best_of = best_of if width > body.n else None
+    return spec
 
 
 def _message(i: int, message: Any) -> dict[str, Any]:
@@ -112,7 +125,7 @@ def chat_job(settings: Settings, tokenizer: PromptTokenizer, template: ChatTempl
                               "function) sets the output's format; send one or the other",
                               param="response_format")
     sampling = _sampling(body, top_n, tokenizer.vocab_size, grammar or tool_grammar)
-    return new_spec(prompt_ids, sampling, stopping, tenant, "chat")
+    return _with_choices(new_spec(prompt_ids, sampling, stopping, tenant, "chat"), settings, body, field)
 
 
 def completion_prompts(body: CompletionRequest) -> list[str | list[int]]:
@@ -172,7 +185,8 @@ def _completion_spec(settings: Settings, tokenizer: PromptTokenizer, body: Compl
     if body.echo and (body.logprobs is not None or max_new == 0):
         # The echoed prompt's logprobs (a scoring-only request computes them whatever it shows).
         sampling.prompt_logprobs = body.logprobs or 0
-    return new_spec(prompt_ids, sampling, stopping, tenant, "completion")
+    return _with_choices(new_spec(prompt_ids, sampling, stopping, tenant, "completion"), settings, body,
+                         "max_tokens")
 
 
 def completion_job(settings: Settings, tokenizer: PromptTokenizer, body: CompletionRequest,

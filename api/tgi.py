@@ -10,14 +10,16 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from api.auth import tenant
 from api.body_text import unicode_body
+from api.choices import best_by_mean, choices, events_of
 from api.context import ApiContext
 from api.errors import ApiError, ValidationError
 from api.openapi import BODY_ERRORS, error_responses, event_stream
 from api.prompt_details import prefill
 from api.sse import KEEP_ALIVE, failure, sse, stream, succeeded
 from api.validation import tgi_job
-from schemas.job import EventToken, JobResult, JobSpec, JobStatus
+from schemas.job import ChoiceResult, EventToken, JobEvent, JobResult, JobSpec, JobStatus
 from schemas.tgi import (
+    BestOfSequence,
     CompatGenerateRequest,
     Details,
     GenerateRequest,
@@ -42,8 +44,9 @@ def _full_text(inputs: str, text: str, return_full_text: bool | None) -> str:
     return inputs + text if return_full_text else text
 
 
-async def submit(ctx: ApiContext, body: GenerateRequest, tenant: str) -> JobSpec:
-    spec = tgi_job(ctx.settings, ctx.tokenizer, ctx.chat_template, body.inputs, body.parameters, tenant)
+async def submit(ctx: ApiContext, body: GenerateRequest, tenant: str, stream: bool = False) -> JobSpec:
+    spec = tgi_job(ctx.settings, ctx.tokenizer, ctx.chat_template, body.inputs, body.parameters, tenant,
+                   stream)
     await ctx.jobs.submit(spec)
     return spec
 
@@ -53,20 +56,33 @@ async def _generate(body: GenerateRequest, request: Request, tenant: str) -> tup
     spec = await submit(ctx, body, tenant)
     events = await ctx.collect(spec.id, request)
     result = succeeded(events[-1])
-    tokens = [_token(e.token) for e in events if e.token is not None]
+    top, others = best_by_mean(result) if spec.width > 1 else (choices(result)[0], [])
+    full = body.parameters.return_full_text
     details = None
     if body.parameters.details:
-        details = Details(
-            finish_reason=result.finish_reason,  # type: ignore[arg-type]
-            generated_tokens=result.usage.completion_tokens if result.usage else len(tokens),
-            seed=result.seed,
-            prefill=prefill(events) if body.parameters.decoder_input_details else [],
-            tokens=tokens,
-            top_tokens=[[_token(t) for t in e.top_tokens] for e in events if e.token is not None]
-            if spec.sampling.top_n_tokens else [],
-        )
-    text = _full_text(body.inputs, result.generated_text, body.parameters.return_full_text)
+        sequence = _sequence(body.inputs, full, spec, top, events_of(events, top.index))
+        details = Details(**sequence.model_dump(exclude={"generated_text"}), best_of_sequences=[
+            _sequence(body.inputs, full, spec, c, events_of(events, c.index)) for c in others] or None)
+        if body.parameters.decoder_input_details:  # the one prompt, in every sequence
+            details.prefill = prefill(events)
+            for other in details.best_of_sequences or []:
+                other.prefill = details.prefill
+    text = _full_text(body.inputs, top.generated_text, full)
     return GenerateResponse(generated_text=text, details=details), spec.id
+
+
+def _sequence(inputs: str, full: bool | None, spec: JobSpec, choice: ChoiceResult,
+              events: list[JobEvent]) -> BestOfSequence:
+    """One sequence's text and details (TGI's `details`, or an entry of `best_of_sequences`)."""
+    tokens = [e for e in events if e.token is not None]
+    return BestOfSequence(
+        generated_text=_full_text(inputs, choice.generated_text, full),
+        finish_reason=choice.finish_reason,  # type: ignore[arg-type]
+        generated_tokens=choice.completion_tokens or len(tokens),
+        seed=choice.seed,
+        tokens=[_token(e.token) for e in tokens if e.token is not None],
+        top_tokens=[[_token(t) for t in e.top_tokens] for e in tokens] if spec.sampling.top_n_tokens else [],
+    )
 
 
 @router.post("/generate", response_model=GenerateResponse, responses=ERRORS)
@@ -121,7 +137,7 @@ async def generate_stream(body: GenerateRequest, request: Request,
     if body.parameters.decoder_input_details:  # as TGI (its router refuses the same)
         raise ValidationError("`decoder_input_details` == true is not supported when streaming tokens",
                               param="decoder_input_details")
-    spec = await submit(ctx, body, tenant)
+    spec = await submit(ctx, body, tenant, stream=True)
     return stream(_stream(ctx, spec, body), error_event, spec.id)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 
+from api import choices
 from api.chat_template import ChatTemplate, ChatTemplateError
 from api.errors import ValidationError
 from api.grammar import from_tgi
@@ -57,12 +58,8 @@ def unsupported(field: str, advice: str) -> ValidationError:
     return ValidationError(f"`{field}` is not supported by this server: {advice}", param=field)
 
 
-def check_tgi(settings: Settings, p: GenerateParameters) -> None:
-    if p.best_of is not None and p.best_of > settings.max_best_of:
-        raise ValidationError(
-            f"`best_of` must be <= {settings.max_best_of} (best_of > 1 is not supported). Given: {p.best_of}",
-            param="best_of",
-        )
+def check_tgi(settings: Settings, p: GenerateParameters, stream: bool = False) -> None:
+    choices.check_tgi(settings, p.best_of or 1, p.samples, p.seed, stream)
     if p.watermark:
         raise unsupported("watermark", "send watermark=false")
     if p.adapter_id is not None:
@@ -102,13 +99,15 @@ def new_spec(prompt_ids: list[int], sampling: SamplingSpec, stopping: StoppingSp
 
 
 def tgi_job(settings: Settings, tokenizer: PromptTokenizer, template: ChatTemplate | None, inputs: str,
-            p: GenerateParameters, tenant: str = "default") -> JobSpec:
-    check_tgi(settings, p)
+            p: GenerateParameters, tenant: str = "default", stream: bool = False) -> JobSpec:
+    check_tgi(settings, p, stream)
     prompt_ids = tokenizer.encode(tgi_prompt(settings, tokenizer, template, inputs))
     if p.truncate is not None and len(prompt_ids) > p.truncate:
         prompt_ids = prompt_ids[-p.truncate :]  # TGI keeps the end of the prompt
     check_prompt_length(settings, len(prompt_ids))
     max_new_tokens = resolve_max_new_tokens(settings, len(prompt_ids), p.max_new_tokens)
+    best_of = p.best_of or 1
+    choices.check_tokens(settings, best_of, len(prompt_ids), max_new_tokens, "best_of", "max_new_tokens")
     sampling = SamplingSpec(
         do_sample=p.samples,
         temperature=p.temperature if p.temperature is not None else 1.0,
@@ -125,4 +124,6 @@ def tgi_job(settings: Settings, tokenizer: PromptTokenizer, template: ChatTempla
     )
     # As TGI: a matched stop sequence ends `generated_text` (OpenAI's `stop` cuts it off).
     stopping = StoppingSpec(max_new_tokens=max_new_tokens, stop=p.stop, include_stop_str_in_output=True)
-    return new_spec(prompt_ids, sampling, stopping, tenant, "generate")
+    spec = new_spec(prompt_ids, sampling, stopping, tenant, "generate")
+    spec.best_of = best_of if best_of > 1 else None
+    return spec

@@ -8,6 +8,12 @@ tokens). A freed block keeps its hash and stays findable until it is popped for 
 recently freed first, so the free list doubles as the LRU cache. A hit is verified against the
 block's stored tokens and its parent's prefix id (unique per registration, never reused): colliding
 hashes can cost a hit but never splice KV computed for another prefix.
+
+Forks (several sequences of one request): `fork` gives a child the parent's blocks, one more ref
+each. The first holder to write into a shared block that is not full copies it first
+(copy-on-write): `allocate` swaps in a fresh block and queues the (source, destination) copy, which
+the engine hands to the model runner before the forward (`take_copies`). A block is free when its
+last holder frees it.
 """
 
 from __future__ import annotations
@@ -74,6 +80,7 @@ class BlockManager:
         self._prefix_ids = itertools.count()
         self.num_queried_tokens = 0  # tokens of admitted sequences looked up in the prefix cache
         self.num_hit_tokens = 0  # of which found there
+        self._copies: list[tuple[int, int]] = []  # copy-on-write (source, destination) not yet done
 
     @property
     def num_free_blocks(self) -> int:
@@ -128,6 +135,9 @@ class BlockManager:
         num_needed = max(
             0, self.blocks_for(num_computed + num_new_tokens) - len(seq.block_table) - len(cached)
         )
+        shared = self._shared_write(seq) if num_new_tokens and not admitting else None
+        if shared is not None:
+            num_needed += 1  # the copy
         # Hit blocks with no other user sit in the free list: reviving them uses it up too.
         num_revived = sum(1 for b in cached if self.blocks[b].ref_count == 0)
         if num_needed > len(self._free) - num_revived:
@@ -148,9 +158,43 @@ class BlockManager:
             self.num_hit_tokens += hit
             # Set, not added to: a preempted sequence is admitted again and must not count twice.
             seq.num_cached_tokens = min(hit, seq.num_prompt_tokens)
+        if shared is not None:
+            num_needed -= 1
+            source, copy = seq.block_table[shared], self._pop_free()
+            self.blocks[source].ref_count -= 1  # others still hold it: it was shared
+            seq.block_table[shared] = copy
+            self._copies.append((source, copy))
         for _ in range(num_needed):
             seq.block_table.append(self._pop_free())
         return True
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """`child` continues from `parent`'s computed tokens: it shares every block of the parent's
+        (one more ref each) and its place in the prefix cache's chain."""
+        if child.block_table:
+            raise ValueError(f"{child.request_id}: a fork starts with an empty block table")
+        for block_id in parent.block_table:
+            self.blocks[block_id].ref_count += 1
+        child.block_table = list(parent.block_table)
+        child.num_computed_tokens = parent.num_computed_tokens
+        child.num_cached_tokens = parent.num_cached_tokens
+        chain = self._chains.get(parent)
+        if chain is not None:
+            self._chains[child] = _Chain(chain.num_blocks, chain.hash, chain.prefix_id)
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """The block copies (source, destination) allocations queued since the last call: the model
+        runner must make them before the forward writes into the destinations."""
+        copies, self._copies = self._copies, []
+        return copies
+
+    def _shared_write(self, seq: Sequence) -> int | None:
+        """Index in seq's table of the block its next token is written into, if other sequences
+        hold it too (a fork's partial last block); None when it is seq's own or not allocated yet."""
+        index = seq.num_computed_tokens // self.block_size
+        if index < len(seq.block_table) and self.blocks[seq.block_table[index]].ref_count > 1:
+            return index
+        return None
 
     def cache_blocks(self, seq: Sequence) -> None:
         """Register seq's blocks that became full and computed since the last call (prompt and

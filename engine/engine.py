@@ -12,7 +12,7 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +22,7 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import Detokenizer, token_text
 from engine.events import PromptToken, TokenEvent, TopToken
+from engine.fork import choices_of, sequences
 from engine.grammar import GrammarCompiler
 from engine.params import SamplingParams, StoppingParams
 from engine.sampler import Sampler
@@ -66,7 +67,7 @@ class Engine:
         self.scheduler = Scheduler(config, self.block_manager, clock, max_model_len=max_model_len)
         self.sampler = Sampler()
         self.grammars = GrammarCompiler(tokenizer, self.eos_token_ids)
-        self._detokenizers: dict[str, Detokenizer] = {}
+        self._detokenizers: dict[tuple[str, int], Detokenizer] = {}  # by (request id, choice)
         self._steps = 0
         # (chunks, step seconds, forward seconds) of recent steps: the engine's own overhead.
         self._timings: deque[tuple[int, float, float]] = deque(maxlen=100_000)
@@ -94,11 +95,15 @@ class Engine:
         priority: int = 0,
         deadline: float | None = None,
         generated: Seq[int] = (),
+        n: int = 1,
+        resumed: Mapping[int, Seq[int]] | None = None,
     ) -> None:
-        """Queue a request. `generated`: tokens another worker already produced (resume)."""
+        """Queue a request. `generated`: tokens another worker already produced (resume).
+        `n`: sequences (choices) sampled from the one prompt, sharing its KV blocks (engine/fork.py).
+        `resumed`: instead of n and generated, the choices still to run and each one's tokens."""
         if not prompt_ids:
             raise ValueError("prompt_ids is empty: a request needs at least one prompt token")
-        if self.scheduler.get(request_id) is not None:
+        if self.scheduler.has(request_id):
             raise ValueError(f"request {request_id!r} is already in the engine")
         sampling = sampling or SamplingParams()
         if not sampling.greedy and sampling.seed is None:
@@ -106,29 +111,24 @@ class Engine:
             # request continue exactly (token i is drawn from a generator seeded by (seed, i)).
             sampling = dataclasses.replace(sampling, seed=random.getrandbits(63))
         stopping = stopping or StoppingParams()
-        seq = Sequence(
-            request_id=request_id,
-            prompt_ids=list(prompt_ids),
-            sampling=sampling,
-            stopping=stopping,
-            priority=priority,
-            deadline=deadline,
-        )
-        seq.token_ids.extend(generated)
-        if sampling.grammar is not None:
-            seq.matcher = self.grammars.matcher(sampling.grammar, list(generated))
-        self._detokenizers[request_id] = Detokenizer(
-            self.tokenizer, stopping.stop, self.special_ids, generated=list(generated),
-            include_stop=stopping.include_stop_str_in_output,
-        )
-        self.scheduler.add(seq)
+        choices = choices_of(n, generated, resumed)
+        seqs = sequences(request_id, prompt_ids, sampling, stopping, priority, deadline, choices)
+        for seq in seqs:
+            self.scheduler.add(seq)  # the same size for every choice: the first refuses them all
+        for choice, tokens in choices.items():
+            self._detokenizers[request_id, choice] = Detokenizer(
+                self.tokenizer, stopping.stop, self.special_ids, generated=tokens,
+                include_stop=stopping.include_stop_str_in_output,
+            )
+        if sampling.grammar is not None:  # every choice walks the grammar on its own
+            for seq in seqs:
+                for s in (seq, *seq.forks):
+                    s.matcher = self.grammars.matcher(sampling.grammar, s.generated_ids)
 
-    def abort(self, request_id: str) -> TokenEvent | None:
-        """Finish a request now and free its KV blocks; returns its final event (None if unknown)."""
-        seq = self.scheduler.abort(request_id)
-        if seq is None:
-            return None
-        return self._finish_event(seq, FinishReason.ABORTED)
+    def abort(self, request_id: str) -> list[TokenEvent]:
+        """Finish a request now and free its KV blocks; returns the final event of each of its
+        choices still running (none if unknown)."""
+        return [e for seq in self.scheduler.abort(request_id) for e in self._end(seq, FinishReason.ABORTED)]
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished
@@ -141,18 +141,22 @@ class Engine:
     def step(self) -> list[TokenEvent]:
         started = time.perf_counter()
         output = self.scheduler.schedule()
-        events = [self._finish_event(seq, FinishReason.EXPIRED) for seq in output.expired]
+        events = [e for seq in output.expired for e in self._end(seq, FinishReason.EXPIRED)]
         if output.is_empty:
             return events
         self._steps += 1
         prefill_tokens = sum(c.length for c in output.chunks if c.length > 1 or c.seq.num_generated == 0)
         sampling_seqs = [chunk.seq for chunk in output.chunks if chunk.sample]
         forward_started = time.perf_counter()
+        copies = self.block_manager.take_copies()
+        if copies:  # copy-on-write of forks' shared blocks; done before the forward, not after it
+            self.runner.copy_blocks(copies)
         logits = self.runner.execute(output.chunks)
         forward_s = time.perf_counter() - forward_started
         self.scheduler.complete(output)
         events += self._scored(output.chunks)
         if sampling_seqs:
+            sampling_seqs, logits = self._fork(sampling_seqs, logits)
             sampled = self.sampler.sample(logits, sampling_seqs)
             for seq, token_id, logprob, top in zip(
                 sampling_seqs, sampled.token_ids, sampled.logprobs, sampled.top_tokens, strict=True
@@ -161,7 +165,7 @@ class Engine:
                 if seq.matcher is not None:
                     seq.matcher.advance(token_id)
                 event = self._token_event(seq, token_id, logprob, top)
-                if event.index == 0 and seq.sampling.prompt_logprobs is not None:
+                if event.index == 0 and seq.choice == 0 and seq.sampling.prompt_logprobs is not None:
                     event.prompt_tokens = self._prompt_tokens(seq)
                 events.append(event)
         step_s = time.perf_counter() - started
@@ -179,10 +183,10 @@ class Engine:
                 continue
             seq.prompt_scores += chunk.prompt_scores
             if chunk.completes and not chunk.sample:
-                event = self._finish_event(seq, FinishReason.LENGTH)
+                ended = self._end(seq, FinishReason.LENGTH)  # with its forks, which never start
                 if seq.sampling.prompt_logprobs is not None:
-                    event.prompt_tokens = self._prompt_tokens(seq)
-                events.append(event)
+                    ended[0].prompt_tokens = self._prompt_tokens(seq)
+                events += ended
         return events
 
     def _prompt_tokens(self, seq: Sequence) -> list[PromptToken]:
@@ -197,10 +201,32 @@ class Engine:
             ))
         return out
 
+    def _fork(self, seqs: list[Sequence], logits: Any) -> tuple[list[Sequence], Any]:
+        """Seqs whose prompt is now computed start their forks, which sample their first token from
+        the same logits row (each with its own seed)."""
+        if not any(seq.forks for seq in seqs):
+            return seqs, logits
+        out: list[Sequence] = []
+        rows: list[int] = []
+        for row, seq in enumerate(seqs):
+            family = [seq, *self.scheduler.fork(seq)] if seq.forks else [seq]
+            out += family
+            rows += [row] * len(family)
+        return out, logits[rows]
+
+    def _end(self, seq: Sequence, reason: FinishReason) -> list[TokenEvent]:
+        """Final events of a sequence that ends without a token, and of its forks not started."""
+        forks, seq.forks = seq.forks, ()
+        events = [self._finish_event(seq, reason)]
+        for child in forks:
+            child.finish(reason)
+            events.append(self._finish_event(child, reason))
+        return events
+
     def _token_event(
         self, seq: Sequence, token_id: int, logprob: float, top: list[tuple[int, float]]
     ) -> TokenEvent:
-        detokenizer = self._detokenizers[seq.request_id]
+        detokenizer = self._detokenizers[seq.request_id, seq.choice]
         text, stopped = detokenizer.push(token_id)
         special = token_id in self.special_ids
         reason: FinishReason | None = None
@@ -214,6 +240,7 @@ class Engine:
             reason = FinishReason.LENGTH
         event = TokenEvent(
             request_id=seq.request_id,
+            choice=seq.choice,
             index=seq.num_generated - 1,
             token_id=token_id,
             text=text,
@@ -236,9 +263,10 @@ class Engine:
 
     def _finish_event(self, seq: Sequence, reason: FinishReason) -> TokenEvent:
         """The final event of a request that ends without a token of its own."""
-        detokenizer = self._detokenizers.get(seq.request_id)
+        detokenizer = self._detokenizers.get((seq.request_id, seq.choice))
         event = TokenEvent(
             request_id=seq.request_id,
+            choice=seq.choice,
             index=seq.num_generated,
             token_id=None,
             text=detokenizer.flush() if detokenizer else "",
@@ -249,7 +277,7 @@ class Engine:
     def _finish(self, seq: Sequence, reason: FinishReason, event: TokenEvent) -> None:
         if not seq.is_finished:
             self.scheduler.finish(seq, reason)
-        detokenizer = self._detokenizers.pop(seq.request_id, None)
+        detokenizer = self._detokenizers.pop((seq.request_id, seq.choice), None)
         event.finish_reason = reason
         event.generated_text = detokenizer.text if detokenizer else ""
         event.num_prompt_tokens = seq.num_prompt_tokens

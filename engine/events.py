@@ -30,7 +30,7 @@ class PromptToken:
 class TokenEvent:
     """One generated token of one request, or the end of a request.
 
-    `index` counts generated tokens from 0 (a resumed request continues its numbering).
+    `index` counts generated tokens from 0 (a resumed request continues its numbering), per choice.
     `text` is the UTF-8-safe piece of output this token releases: empty while a multi-byte
     character or a possible stop sequence is still incomplete; for a special token (e.g. EOS) it is
     the token's own text and `special` is true, and it is not part of `generated_text`.
@@ -55,3 +55,4 @@ class TokenEvent:
     num_cached_tokens: int = 0
     seed: int | None = None
     prompt_tokens: list[PromptToken] | None = None
+    choice: int = 0  # which of the request's sequences (OpenAI `n`, TGI `best_of`) this event is of

@@ -179,6 +179,14 @@ class ModelRunner:
                 hi = min(lo + SLICE_ROWS, positions.stop)
                 rows = hidden[first_row + lo : first_row + hi]
                 c.prompt_scores += score(self.model.logits(rows), c.seq.token_ids[lo + 1 : hi + 1], k)
+    @torch.inference_mode()
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy-on-write of forked sequences' shared blocks: every layer's K and V of block source
+        into block destination, before the forward that writes there."""
+        src = torch.tensor([s for s, _ in copies], dtype=torch.long, device=self.device)
+        dst = torch.tensor([d for _, d in copies], dtype=torch.long, device=self.device)
+        data = self.cache._data  # [layer, K/V, block, ...] for every backend's layout
+        data.index_copy_(2, dst, data.index_select(2, src))
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, meta: object) -> torch.Tensor:
         return self.model.forward(ids, positions, meta, self.attention, self.cache.k, self.cache.v)

@@ -44,7 +44,7 @@ class Scheduler:
         self._clock = clock
         self._waiting: list[Sequence] = []  # sorted by _rank
         self._running: list[Sequence] = []  # sorted by _rank: the last is the next victim
-        self._by_id: dict[str, Sequence] = {}
+        self._by_id: dict[str, dict[int, Sequence]] = {}  # request id → choice → its sequence
         self._num_preemptions = 0
         self._stalled = False  # the last schedule() left a waiting sequence it could not admit
 
@@ -73,15 +73,18 @@ class Scheduler:
             limit = min(limit, self.config.max_batch_total_tokens)
         return limit
 
-    def get(self, request_id: str) -> Sequence | None:
-        return self._by_id.get(request_id)
+    def get(self, request_id: str, choice: int = 0) -> Sequence | None:
+        return self._by_id.get(request_id, {}).get(choice)
+
+    def has(self, request_id: str) -> bool:
+        return request_id in self._by_id
 
     def add(self, seq: Sequence) -> None:
         """Queue a new (or resumed: its token_ids carry the generated tokens) sequence.
 
         Rejects one that could not finish even alone in the cache: it would be preempted forever.
         """
-        if seq.request_id in self._by_id:
+        if self.get(seq.request_id, seq.choice) is not None:
             raise ValueError(f"request {seq.request_id!r} is already in the engine")
         if seq.is_finished or seq.block_table or seq.num_computed_tokens:
             raise ValueError(f"request {seq.request_id!r} is not a fresh sequence")
@@ -95,14 +98,30 @@ class Scheduler:
                 f" {need - seq.num_tokens} new), more than the engine holds for one sequence"
                 f" ({self.max_seq_len}): lower max_new_tokens or shorten the input"
             )
-        self._by_id[seq.request_id] = seq
+        if 1 + len(seq.forks) > self.config.max_batch_size:
+            raise ValueError(
+                f"request {seq.request_id!r} has {1 + len(seq.forks)} sequences, more than a batch"
+                f" holds ({self.config.max_batch_size}): lower n / best_of or raise max_batch_size"
+            )
+        self._by_id.setdefault(seq.request_id, {})[seq.choice] = seq
         bisect.insort(self._waiting, seq, key=_rank)
 
-    def abort(self, request_id: str) -> Sequence | None:
-        seq = self._by_id.get(request_id)
-        if seq is not None:
+    def fork(self, parent: Sequence) -> list[Sequence]:
+        """Start parent's pending forks: running, sharing its blocks (its prompt is computed)."""
+        children, parent.forks = list(parent.forks), ()
+        for child in children:
+            self.block_manager.fork(parent, child)
+            child.status = SequenceStatus.RUNNING
+            self._by_id.setdefault(child.request_id, {})[child.choice] = child
+            bisect.insort(self._running, child, key=_rank)
+        return children
+
+    def abort(self, request_id: str) -> list[Sequence]:
+        """Finish every sequence of the request; returns them (none: unknown request)."""
+        seqs = list(self._by_id.get(request_id, {}).values())
+        for seq in seqs:
             self.finish(seq, FinishReason.ABORTED)
-        return seq
+        return seqs
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
         seq.finish(reason)
@@ -145,7 +164,7 @@ class Scheduler:
         if self._stalled and self._waiting:
             return 0
         seqs = self._running + self._waiting
-        slots = self.config.max_batch_size - len(seqs)
+        slots = self.config.max_batch_size - len(seqs) - sum(len(s.forks) for s in seqs)
         if slots <= 0:
             return 0
         bm = self.block_manager
@@ -199,7 +218,8 @@ class Scheduler:
         context = sum(s.num_tokens for s in self._running)
         num_admitted = 0
         for seq in self._waiting:
-            if budget <= 0 or len(self._running) >= self.config.max_batch_size:
+            # A request of n choices takes n batch slots (its forks join at its first token).
+            if budget <= 0 or len(self._running) + len(seq.forks) >= self.config.max_batch_size:
                 break
             if limit is not None and context + seq.num_tokens > limit:
                 break
@@ -227,8 +247,11 @@ class Scheduler:
         self._num_preemptions += 1
 
     def _remove(self, seq: Sequence) -> None:
-        if self._by_id.get(seq.request_id) is seq:
-            del self._by_id[seq.request_id]
+        choices = self._by_id.get(seq.request_id, {})
+        if choices.get(seq.choice) is seq:
+            del choices[seq.choice]
+            if not choices:
+                del self._by_id[seq.request_id]
         for queue in (self._running, self._waiting):
             if seq in queue:
                 queue.remove(seq)

@@ -61,6 +61,11 @@ class Sequence:
     order: int = field(default_factory=lambda: next(_arrival_counter))
     matcher: GrammarMatcher | None = None  # where the output stands in `sampling.grammar`
     prompt_scores: list[PromptScore] = field(default_factory=list)  # of prompt tokens 1.., if asked
+    # Several sequences of one request (OpenAI `n`, TGI `best_of`): which one this is, and the
+    # other choices, not yet running, that fork this one when its prompt is computed (they share
+    # its KV blocks instead of computing the prompt again; engine/fork.py).
+    choice: int = 0
+    forks: tuple[Sequence, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.token_ids:

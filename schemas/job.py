@@ -81,6 +81,15 @@ class JobSpec(BaseModel):
     kind: JobKind = "generate"  # the body it was submitted with (TGI generate, OpenAI chat/completion)
     webhook: Webhook | None = None
     traceparent: str | None = None  # W3C trace context of the api's span, when tracing is on
+    # Choices (OpenAI `n`) the answer returns, and sequences generated for them (OpenAI and TGI
+    # `best_of`, >= n; None: n). Each is a sequence of the one engine request; the result has them all.
+    n: int = Field(default=1, ge=1)
+    best_of: int | None = Field(default=None, ge=1)
+
+    @property
+    def width(self) -> int:
+        """Sequences the job generates."""
+        return max(self.n, self.best_of or 1)
 
     @model_validator(mode="after")
     def _scoring_only(self) -> JobSpec:
@@ -120,6 +129,18 @@ class Timings(BaseModel):
     total_s: float  # until its final record was written
 
 
+class ChoiceResult(BaseModel):
+    """How one sequence of a multi-choice job ended. `logprob`: the sum of its tokens' logprobs
+    (what best_of ranks by)."""
+
+    index: int
+    generated_text: str = ""
+    finish_reason: str  # as JobResult's
+    completion_tokens: int = 0
+    seed: int | None = None
+    logprob: float = 0.0
+
+
 class JobResult(BaseModel):
     status: JobStatus
     generated_text: str = ""
@@ -128,6 +149,9 @@ class JobResult(BaseModel):
     seed: int | None = None
     error: str | None = None
     timings: Timings | None = None
+    # A multi-choice job's (width > 1) every choice, by index; generated_text, finish_reason and seed
+    # above are choice 0's, usage counts the completion tokens of them all.
+    choices: list[ChoiceResult] | None = None
 
     @classmethod
     def final(cls, status: JobStatus, *, reason: str | None = None, error: str | None = None,
@@ -154,6 +178,11 @@ class JobEvent(BaseModel):
     failed, or scored only: max_new_tokens 0) — an event without `token` whose index is the number of
     tokens before it. `prompt`: on the event of index 0 of a job that asked for prompt logprobs,
     every prompt token (a resumed job keeps it in its stream and does not score again).
+
+    A multi-choice job (width > 1) keeps one stream: `index` numbers its events 0, 1, 2, ... in the
+    order the worker wrote them, whatever their choice (so entry ids, dedup and Last-Event-ID work
+    as for one choice), `choice` says whose token it is, and each choice's last event carries
+    `choice_end`; the job's final event is the last choice's end, with every choice in the result.
     """
 
     index: int
@@ -163,6 +192,8 @@ class JobEvent(BaseModel):
     result: JobResult | None = None
     at: float | None = None  # epoch seconds when the worker published it (the relay measures its lag)
     prompt: list[PromptEventToken] | None = None
+    choice: int = 0
+    choice_end: ChoiceResult | None = None
 
     @classmethod
     def ending(cls, index: int, result: JobResult) -> JobEvent:

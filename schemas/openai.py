@@ -39,7 +39,7 @@ class _Sampling(_NullIsAbsent):
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0, description="0: greedy.")
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    n: int = Field(default=1, ge=1, le=1, description="Only one choice per request.")
+    n: int = Field(default=1, ge=1, description="Choices, sharing the prompt's KV; at most max_best_of.")
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -123,7 +123,8 @@ class CompletionRequest(_Sampling):
     echo: bool = False
     suffix: str | None = None
     response_format: ResponseFormat | None = Field(default=None, description="As vLLM: as in chat.")
-    best_of: int | None = Field(default=None, ge=1, le=1)
+    best_of: int | None = Field(default=None, ge=1, description="Sequences generated (>= n), of which the n "
+                                "with the highest cumulative logprob are returned; not streamable.")
 
 
 # --- responses ------------------------------------------------------------------------------

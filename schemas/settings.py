@@ -117,7 +117,10 @@ class Settings(BaseSettings):
     max_total_tokens: int = Field(
         default=4096, ge=2, description="Prompt + max_new_tokens per request."
     )
-    max_best_of: int = Field(default=1, ge=1, le=1, description="best_of > 1 is not supported yet.")
+    max_best_of: int = Field(
+        default=4, ge=1,
+        description="Sequences per request: OpenAI n and best_of, TGI best_of (TGI's default is 2).",
+    )
     max_stop_sequences: int = Field(default=4, ge=0, description="Stop sequences per request.")
     max_top_n_tokens: int = Field(
         default=20, ge=0,

@@ -99,6 +99,18 @@ class PrefillToken(BaseModel):
     logprob: float | None = None
 
 
+class BestOfSequence(BaseModel):
+    """One of the other sequences of a `best_of` request (TGI's shape)."""
+
+    generated_text: str
+    finish_reason: FinishReason
+    generated_tokens: int
+    seed: int | None = None
+    prefill: list[PrefillToken] = Field(default_factory=list)
+    tokens: list[Token] = Field(default_factory=list)
+    top_tokens: list[list[Token]] = Field(default_factory=list)
+
+
 class Details(BaseModel):
     finish_reason: FinishReason
     generated_tokens: int
@@ -106,7 +118,7 @@ class Details(BaseModel):
     prefill: list[PrefillToken] = Field(default_factory=list)
     tokens: list[Token] = Field(default_factory=list)
     top_tokens: list[list[Token]] = Field(default_factory=list)
-    best_of_sequences: list[dict] | None = None
+    best_of_sequences: list[BestOfSequence] | None = None  # with best_of > 1: the others
 
 
 class GenerateResponse(BaseModel):

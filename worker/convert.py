@@ -8,7 +8,9 @@ from engine.events import TokenEvent
 from engine.params import Grammar, SamplingParams, StoppingParams
 from engine.sequence import FinishReason
 from schemas.job import EventToken, JobEvent, JobResult, JobSpec, JobStatus, PromptEventToken, Usage
+from worker.choices import Choices
 from worker.engine_thread import AddCommand
+from worker.owned import InFlight
 
 _STATUS_BY_REASON = {
     FinishReason.EOS: JobStatus.SUCCEEDED,
@@ -40,17 +42,21 @@ def engine_params(spec: JobSpec, seed: int | None,
     return sampling, stopping
 
 
-def engine_request(spec: JobSpec, seed: int | None, generated: list[int], queued: bool) -> AddCommand:
-    """`generated`: tokens already in the job's event stream (a resumed job continues after them)."""
-    sampling, stopping = engine_params(spec, seed, resumed=bool(generated))
+def engine_request(spec: JobSpec, seed: int | None, generated: list[int], queued: bool,
+                   choices: Choices | None = None) -> AddCommand:
+    """`generated`: tokens already in the job's event stream (a resumed job continues after them);
+    for a multi-choice job, `choices` says which choices are left and their tokens."""
+    resumed = choices.unfinished() if choices is not None and choices.next_index else None
+    sampling, stopping = engine_params(spec, seed, resumed=bool(generated) or resumed is not None)
     return AddCommand(
         spec.id, spec.prompt_ids, sampling, stopping, spec.priority,
         # A deadline bounds the wait in the queue; a job that another worker started has left it.
-        deadline=spec.deadline if queued else None, generated=generated,
+        deadline=spec.deadline if queued else None, generated=generated, n=spec.width, resumed=resumed,
     )
 
 
-def to_job_event(event: TokenEvent) -> JobEvent:
+def to_job_event(event: TokenEvent, choices: Choices | None = None) -> JobEvent:
+    """The job event of an engine event; of a multi-choice job, numbered in its stream by `choices`."""
     token = None
     if event.token_id is not None:
         token = EventToken(id=event.token_id, text=event.text, logprob=event.logprob, special=event.special)
@@ -67,7 +73,7 @@ def to_job_event(event: TokenEvent) -> JobEvent:
             ),
             seed=event.seed,
         )
-    return JobEvent(
+    job_event = JobEvent(
         index=event.index,
         token=token,
         top_tokens=[EventToken(id=t.id, text=t.text, logprob=t.logprob, special=t.special)
@@ -76,6 +82,7 @@ def to_job_event(event: TokenEvent) -> JobEvent:
         result=result,
         prompt=_prompt(event),
     )
+    return job_event if choices is None else choices.track(event.choice, job_event)
 
 
 def _prompt(event: TokenEvent) -> list[PromptEventToken] | None:
@@ -86,7 +93,9 @@ def _prompt(event: TokenEvent) -> list[PromptEventToken] | None:
         for p in event.prompt_tokens]
 
 
-def refused(tokens: int, reason: str) -> JobEvent:
+def refused(job: InFlight, reason: str) -> JobEvent:
     """The final event of a job the engine refused (it can never fit): `failed`, with the engine's
     message."""
-    return JobEvent.ending(tokens, JobResult.final(JobStatus.FAILED, error=reason))
+    if job.choices is not None:
+        return JobEvent.ending(job.next_index, job.choices.result(JobStatus.FAILED, reason))
+    return JobEvent.ending(job.tokens, JobResult.final(JobStatus.FAILED, error=reason))

@@ -33,6 +33,8 @@ class AddCommand:
     priority: int = 0
     deadline: float | None = None
     generated: list[int] = field(default_factory=list)
+    n: int = 1  # sequences of a multi-choice job
+    resumed: dict[int, list[int]] | None = None  # a resumed one's unfinished choices and their tokens
 
 
 @dataclass(slots=True)
@@ -94,9 +96,7 @@ class EngineThread:
             for add in command:
                 self._add(add, out)
         elif isinstance(command, AbortCommand):
-            event = self.engine.abort(command.request_id)
-            if event is not None:
-                out.events.append(event)
+            out.events.extend(self.engine.abort(command.request_id))
 
     def _add(self, command: AddCommand, out: StepOutput) -> None:
         try:
@@ -108,6 +108,8 @@ class EngineThread:
                 priority=command.priority,
                 deadline=command.deadline,
                 generated=command.generated,
+                n=command.n,
+                resumed=command.resumed,
             )
         except ValueError as exc:  # e.g. it can never fit in this engine's KV cache
             out.rejected.append((command.request_id, str(exc)))

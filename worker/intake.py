@@ -22,6 +22,7 @@ from redis.asyncio import Redis
 from redisconn.live import publish_live
 from schemas.job import JobEvent, JobResult, JobSpec, JobStatus, RecordField, Usage
 from schemas.keys import Keys
+from worker.choices import Choices
 from worker.convert import engine_request
 from worker.engine_thread import AddCommand
 from worker.owned import InFlight
@@ -114,6 +115,8 @@ class Intake:
             events = sorted((JobEvent.model_validate_json(f["e"]) for _id, f in stream),
                             key=lambda e: e.index)
             job.tokens = sum(1 for e in events if e.token is not None)
+            if spec.width > 1:  # resumed per choice: worker/choices.py
+                job.choices = Choices.replay(spec.width, events, len(spec.prompt_ids))
             job.started_at = float(started_at) if started_at else None
             job.first_token_at = float(first_token_at) if first_token_at else None
             taken.append(Taken(job, spec, entry, events, JobStatus(status or JobStatus.QUEUED),
@@ -157,13 +160,15 @@ class Intake:
             return (f"delivered {t.entry.deliveries} times (max_attempts={self.max_attempts}): each worker "
                     "that ran it stopped before finishing it; see the dead-letter stream and the workers' "
                     "logs, fix the cause, then resubmit")
-        indices = [e.index for e in t.tokens]
+        indices = [e.index for e in (t.events if t.job.choices is not None else t.tokens)]
         if indices != list(range(len(indices))):
             return ("the job's event stream lost tokens (was event_stream_maxlen lowered below "
                     "max_total_tokens?), so it cannot be resumed exactly; resubmit it")
         return None
 
     def _end(self, t: Taken, status: JobStatus, error: str | None = None) -> JobEvent:
+        if t.job.choices is not None:
+            return JobEvent.ending(t.job.next_index, t.job.choices.result(status, error))
         tokens = t.tokens
         result = JobResult.final(
             status, error=error, generated_text=t.partial_text(),
@@ -176,7 +181,8 @@ class Intake:
             # Fixed now and kept in the record: a resumed job draws token i from (seed, i) again.
             t.seed = random.getrandbits(63)
         generated = [e.token.id for e in t.tokens if e.token is not None]
-        return engine_request(t.spec, t.seed, generated, queued=t.status is JobStatus.QUEUED)
+        return engine_request(t.spec, t.seed, generated, queued=t.status is JobStatus.QUEUED,
+                              choices=t.job.choices)
 
     async def _mark_started(self, starts: list[tuple[Taken, AddCommand]]) -> None:
         pipe = self.redis.pipeline(transaction=False)
@@ -186,7 +192,7 @@ class Intake:
             if t.tokens:
                 # A resumed job: the dead worker may have written its last event without publishing
                 # it. Publish it again (subscribers drop indices they have) so none sees a gap.
-                last = t.tokens[-1]
+                last = (t.events if t.job.choices is not None else t.tokens)[-1]
                 publish_live(pipe, self.keys.channel(t.job.job_id), last.model_dump_json(exclude_none=True))
         if len(pipe):
             await pipe.execute()

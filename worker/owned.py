@@ -10,6 +10,7 @@ import asyncio
 from dataclasses import dataclass
 
 from schemas.job import JobSpec, Timings
+from worker.choices import Choices
 
 
 @dataclass(slots=True)
@@ -25,6 +26,12 @@ class InFlight:
     first_token_at: float | None = None
     cancel_requested: bool = False
     spec: JobSpec | None = None  # tenant, webhook, trace context: for what its end sets off
+    choices: Choices | None = None  # a multi-choice job's progress (worker/choices.py)
+
+    @property
+    def next_index(self) -> int:
+        """The index of the job's next event in its stream."""
+        return self.choices.next_index if self.choices is not None else self.tokens
 
     def timings(self, now: float) -> Timings:
         def since(t: float | None) -> float | None:

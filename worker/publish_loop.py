@@ -36,12 +36,12 @@ class PublishLoop:
             for event in output.events:
                 job = self.owned.get(event.request_id)
                 if job is not None:  # else: lost or handed off; its new owner publishes
-                    items.append((job, to_job_event(event)))
+                    items.append((job, to_job_event(event, job.choices)))
             for job_id, reason in output.rejected:
                 job = self.owned.get(job_id)
                 if job is not None:
                     log.error("job %s refused by the engine: %s", job_id, reason)
-                    items.append((job, refused(job.tokens, reason)))
+                    items.append((job, refused(job, reason)))
             if items:
                 await self._publish(items)
             self.outputs.task_done()

@@ -18,7 +18,7 @@ TGI_FIELDS = {"model_id", "model_sha", "model_pipeline_tag", "max_concurrent_req
 TGI2_FIELDS = {"model_dtype", "model_device_type", "waiting_served_ratio", "max_batch_total_tokens",
                "max_waiting_tokens", "max_batch_size"}
 FROM_SETTINGS = {name: KNOBS[f"CONVEYOR_{name.upper()}"] for name in (
-    "max_concurrent_requests", "max_stop_sequences", "max_input_tokens", "max_total_tokens",
+    "max_concurrent_requests", "max_best_of", "max_stop_sequences", "max_input_tokens", "max_total_tokens",
     "max_top_n_tokens", "max_batch_prefill_tokens", "max_batch_total_tokens", "max_batch_size",
     "max_waiting_tokens", "waiting_served_ratio")}
 
@@ -35,7 +35,6 @@ def test_info_has_every_tgi_field_with_values_from_the_settings(knobs_service) -
     assert not missing, sorted(missing)
     assert {name: str(got[name]) for name in FROM_SETTINGS} == FROM_SETTINGS
     assert got["model_id"] == KNOBS["CONVEYOR_SERVED_MODEL_NAME"]
-    assert got["max_best_of"] == 1  # best_of > 1 is not supported
     assert got["model_pipeline_tag"] == "text-generation"
     assert got["version"] == version("conveyor")
     assert isinstance(got["router"], str) and got["router"]

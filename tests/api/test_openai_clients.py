@@ -84,7 +84,7 @@ def test_errors_are_openai_objects_naming_the_param(tiny_service) -> None:  # ty
     assert err.value.body["param"] == "temperature"
     assert "less than or equal to 2" in err.value.body["message"]
     with pytest.raises(openai.UnprocessableEntityError) as err:
-        c.chat.completions.create(model="tiny", messages=MESSAGES, n=2)
+        c.chat.completions.create(model="tiny", messages=MESSAGES, n=9)  # past max_best_of
     assert err.value.body["param"] == "n"
     with pytest.raises(openai.AuthenticationError) as auth_err:
         client(tiny_service, key="wrong").chat.completions.create(model="tiny", messages=MESSAGES)

@@ -195,11 +195,11 @@ def test_abort_frees_blocks_and_ends_with_an_event(default_model_dir, tokenizer)
     for _ in range(3):
         engine.step()
     used_with_both = engine.stats().blocks_used
-    event = engine.abort("drop")
-    assert event is not None and event.finish_reason is not None and event.finish_reason.value == "aborted"
+    [event] = engine.abort("drop")
+    assert event.finish_reason is not None and event.finish_reason.value == "aborted"
     assert event.token_id is None and event.index == 3
     assert engine.stats().blocks_used < used_with_both
-    assert engine.abort("drop") is None
+    assert engine.abort("drop") == []
     while engine.has_unfinished():
         engine.step()
     check_all_blocks_free(engine)

@@ -250,14 +250,14 @@ def test_abort_waiting_and_running() -> None:
     sim.add("b", 9)
     sim.step()
     assert sim.bm.num_used_blocks == 3
-    a = sim.sched.abort("a")
-    assert a is not None and a.status == SequenceStatus.FINISHED and not a.block_table
+    [a] = sim.sched.abort("a")
+    assert a.status == SequenceStatus.FINISHED and not a.block_table
     assert a.finish_reason == FinishReason.ABORTED
     assert sim.bm.num_used_blocks == 0 and sim.sched.num_running == 0
-    b = sim.sched.abort("b")
-    assert b is not None and b.status == SequenceStatus.FINISHED and sim.sched.num_waiting == 0
+    [b] = sim.sched.abort("b")
+    assert b.status == SequenceStatus.FINISHED and sim.sched.num_waiting == 0
     assert b.finish_reason == FinishReason.ABORTED
-    assert sim.sched.abort("b") is None and not sim.sched.has_unfinished
+    assert sim.sched.abort("b") == [] and not sim.sched.has_unfinished
     # Aborted between schedule() and complete(): the chunk is dropped.
     c = sim.add("c", 5)
     out = sim.sched.schedule()
