@@ -1,7 +1,9 @@
 """The Redis layout, in one place (docs/design.md §3).
 
 Every key shares a prefix. The keys of one job carry the hash tag `{job_id}` so the multi-key
-operations of a job stay in one slot and the layout runs on Redis Cluster unchanged.
+operations of a job stay in one slot and the layout runs on Redis Cluster unchanged. The queue is
+`jobs_shards` × priority bands (schemas/bands.py), one stream each; the bands of one shard share
+the shard's hash tag `{jobs-N}`, so a worker reads a shard's bands in one command or script.
 """
 
 from __future__ import annotations
