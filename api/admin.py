@@ -45,6 +45,7 @@ class DeadLetter(BaseModel):
     worker: str | None = Field(default=None, description="The worker that gave up on it.")
     at: float | None = Field(default=None, description="When it was dead-lettered (epoch seconds).")
     entry_id: str | None = Field(default=None, description="Its entry id in the jobs stream back then.")
+    stream: str | None = Field(default=None, description="That jobs stream (shard × priority band).")
     job_status: str | None = Field(default=None, description="The job record's status now; none: expired.")
     requeueable: bool = Field(description="The entry holds a job spec this api can read.")
 
@@ -103,7 +104,7 @@ def _view(entry_id: str, fields: dict[str, str], status: str | None) -> DeadLett
         max_new_tokens=spec.stopping.max_new_tokens if spec else None,
         reason=fields.get("reason", ""), deliveries=int(deliveries) if deliveries is not None else None,
         worker=fields.get("worker"), at=_number(fields.get("at")), entry_id=fields.get("entry_id"),
-        job_status=status, requeueable=spec is not None,
+        stream=fields.get("stream"), job_status=status, requeueable=spec is not None,
     )
 
 
@@ -171,7 +172,7 @@ async def requeue_dead_letter(
         RecordField.STATUS: JobStatus.QUEUED.value, RecordField.SPEC: payload,
         RecordField.TENANT: spec.tenant, RecordField.CREATED_AT: spec.created_at,
     })
-    pipe.xadd(keys.jobs_stream, {"id": spec.id, "spec": payload})
+    ctx.jobs.enqueue(pipe, spec, payload)
     ctx.jobs.tenants.add(pipe, spec)
     pipe.xdel(keys.dead_letter_stream, entry_id)
     await pipe.execute()

@@ -123,7 +123,7 @@ def create_app(settings: Settings, model_dir: Path, model_id: str) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         redis = api_redis(settings)
-        keys = Keys(settings.key_prefix)
+        keys = Keys(settings.key_prefix, settings.jobs_shards)
         relay = Relay(redis, keys, on_lag=metrics.relay_lag.observe, keepalive_s=settings.sse_keepalive_s)
         metrics.sse_clients.set_function(lambda: relay.num_clients)
         webhooks = webhook_queue(settings, keys)
@@ -217,13 +217,10 @@ def create_app(settings: Settings, model_dir: Path, model_id: str) -> FastAPI:
         """Prometheus metrics of this api process (the workers serve their own: see the README).
         While Redis does not answer, the queue gauges are left out rather than shown stale."""
         try:
-            depth = await ApiContext.of(request).jobs.queue_depth()
+            places = await ApiContext.of(request).jobs.queue_places()
         except REDIS_FAULTS:
-            depth = None
-            metrics.jobs.clear()
-        if depth is not None:
-            metrics.jobs.labels("queued").set(depth[0])
-            metrics.jobs.labels("running").set(depth[1])
+            places = None
+        metrics.set_queue(places)
         return Response(prom.render(metrics.registry), media_type=prom.CONTENT_TYPE)
 
     app.openapi = lambda: openapi_schema(app)  # type: ignore[method-assign]

@@ -17,7 +17,7 @@ from schemas.batch import ENDPOINTS, BatchLine, LineError
 from schemas.job import JobSpec
 from schemas.openai import ChatCompletionRequest, CompletionRequest
 
-BATCH_PRIORITY = -100  # the lowest `priority` (fleet priority bands do not exist yet)
+BATCH_PRIORITY = -100  # the lowest `priority`: the queue's batch band (schemas/bands.py)
 
 Request = ChatCompletionRequest | CompletionRequest
 

@@ -9,6 +9,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError, ResponseError
 
 from api.admission import WRITE_GRACE_S, Admission
@@ -18,7 +19,7 @@ from api.tenants import TenantIndex
 from redisconn.live import live_script
 from schemas.job import JobEvent, JobResult, JobSpec, JobStatus, RecordField
 from schemas.keys import WORKER_GROUP, Keys, event_entry_id
-from schemas.queue import ensure_group
+from schemas.queue import QueuePlace, ensure_group
 from schemas.settings import Settings
 from telemetry.tracing import Tracing
 from webhooks.enqueue import WebhookQueue
@@ -82,18 +83,36 @@ class JobStore:
         await ensure_group(self.redis, self.keys)
 
     async def queue_depth(self) -> tuple[int, int] | None:
-        """(queued, running): entries not yet read by a worker, and read but not acknowledged."""
-        try:
-            groups = await self.redis.xinfo_groups(self.keys.jobs_stream)
-        except ResponseError:  # no stream yet: nothing outstanding
-            return 0, 0
-        for group in groups:
-            if group["name"] == WORKER_GROUP:
-                lag = group.get("lag")
-                if lag is None:  # Redis < 7 does not report it
-                    return None
-                return int(lag), int(group["pending"])
-        return 0, 0
+        """(queued, running) summed over every jobs stream: entries not yet read by a worker, and read
+        but not acknowledged; None when Redis does not report the group's lag (Redis < 7)."""
+        places = await self.queue_places()
+        if places is None:
+            return None
+        return sum(p.queued for p in places), sum(p.running for p in places)
+
+    async def queue_places(self) -> list[QueuePlace] | None:
+        """The depth of each jobs stream (shard × band): one pipeline of one-key XINFO GROUPS."""
+        pipe = self.redis.pipeline(transaction=False)
+        for _shard, _band, stream in self.keys.queue_places:
+            pipe.xinfo_groups(stream)
+        replies = await pipe.execute(raise_on_error=False)
+        out: list[QueuePlace] = []
+        for (shard, band, _stream), groups in zip(self.keys.queue_places, replies, strict=True):
+            if isinstance(groups, ResponseError):  # no stream yet: nothing outstanding
+                groups = []
+            elif isinstance(groups, Exception):
+                raise groups
+            group = next((g for g in groups if g["name"] == WORKER_GROUP), None)
+            if group is not None and group.get("lag") is None:  # Redis < 7 does not report it
+                return None
+            out.append(QueuePlace(shard, band, int(group["lag"]) if group else 0,
+                                  int(group["pending"]) if group else 0))
+        return out
+
+    def enqueue(self, pipe: Pipeline, spec: JobSpec, payload: str) -> None:
+        """Queues the job's entry on its stream: the shard of its id, the band of its priority."""
+        stream = self.keys.stream_of(spec.id, spec.priority, self.settings.priority_bands)
+        pipe.xadd(stream, {"id": spec.id, "spec": payload})
 
     async def submit(self, spec: JobSpec, idempotency_key: str | None = None,
                      fingerprint: str = "") -> Submitted:
@@ -137,7 +156,7 @@ class JobStore:
                 RecordField.CREATED_AT: spec.created_at,
             },
         )
-        pipe.xadd(self.keys.jobs_stream, {"id": spec.id, "spec": payload})
+        self.enqueue(pipe, spec, payload)
         self.tenants.add(pipe, spec)
         await pipe.execute()
 

@@ -17,6 +17,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from schemas.job import JobStatus
+from schemas.queue import QueuePlace
 from telemetry.prom import new_registry
 from telemetry.tracing import Tracing
 
@@ -42,6 +43,9 @@ class ApiMetrics:
                                        buckets=SECONDS, registry=r)
         self.jobs = Gauge("conveyor_jobs", "Jobs in the fleet's queue by status (queued: not yet read by a "
                           "worker; running: read, not yet acknowledged)", ["status"], registry=r)
+        self.queue = Gauge("conveyor_queue_jobs", "Jobs in each stream of the fleet's queue (shard × "
+                           "priority band) by status; conveyor_jobs is their sum",
+                           ["shard", "band", "status"], registry=r)
         self.finished = Counter("conveyor_jobs_finished", "Jobs the api ended in the queue, by status",
                                 ["status"], registry=r)
         self.sse_clients = Gauge("conveyor_sse_clients", "Clients following a job's events through this "
@@ -56,6 +60,18 @@ class ApiMetrics:
                                registry=r)
         self.batch_lines = Counter("conveyor_batch_lines", "Batch lines reported, by outcome (completed, "
                                    "failed, expired, cancelled)", ["outcome"], registry=r)
+
+    def set_queue(self, places: list[QueuePlace] | None) -> None:
+        """The queue's gauges from a scrape's reading, per stream and summed; none when unknown."""
+        self.jobs.clear()
+        self.queue.clear()
+        if places is None:
+            return
+        self.jobs.labels("queued").set(sum(p.queued for p in places))
+        self.jobs.labels("running").set(sum(p.running for p in places))
+        for p in places:
+            self.queue.labels(str(p.shard), p.band.value, "queued").set(p.queued)
+            self.queue.labels(str(p.shard), p.band.value, "running").set(p.running)
 
     def ended_in_queue(self, status: JobStatus) -> None:
         self.finished.labels(status.value).inc()

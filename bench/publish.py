@@ -113,7 +113,8 @@ class Bench:
         worker = Worker(settings, engine, worker_redis, "bench")
         start = time.perf_counter()
         task = asyncio.create_task(worker.run())
-        while await redis.xlen(keys.jobs_stream):  # an entry is deleted when its job is acknowledged
+        # an entry is deleted when its job is acknowledged
+        while sum([await redis.xlen(stream) for stream in keys.jobs_streams]):
             await asyncio.sleep(0.02)
         seconds = time.perf_counter() - start
         worker.stop()

@@ -1,12 +1,17 @@
 """The Redis layout, in one place (docs/design.md §3).
 
 Every key shares a prefix. The keys of one job carry the hash tag `{job_id}` so the multi-key
-operations of a job stay in one slot and the layout runs on Redis Cluster unchanged.
+operations of a job stay in one slot and the layout runs on Redis Cluster unchanged. The queue is
+`jobs_shards` × priority bands (schemas/bands.py), one stream each; the bands of one shard share
+the shard's hash tag `{jobs-N}`, so a worker reads a shard's bands in one command or script.
 """
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
+
+from schemas.bands import BANDS, Band, band_of
 
 WORKER_GROUP = "workers"
 DEAD_LETTER_MAXLEN = 10_000  # the dead-letter stream keeps about this many newest entries
@@ -24,12 +29,37 @@ def event_entry_id(index: int) -> str:
 @dataclass(frozen=True, slots=True)
 class Keys:
     prefix: str = "conveyor"
+    jobs_shards: int = 1  # the queue's shards (settings.jobs_shards); every process must agree
+
+    def jobs_stream(self, shard: int, band: Band) -> str:
+        """Stream of the queued jobs of one shard and priority band; consumer group WORKER_GROUP.
+        The bands of a shard share its hash tag `{jobs-N}`, so one XREADGROUP (or script) reads a
+        shard's bands on Redis Cluster. No TTL: a worker deletes an entry when it acknowledges it,
+        so the stream holds only queued and running jobs."""
+        return f"{self.prefix}:jobs:{{jobs-{shard}}}:{band.value}"
+
+    def shard_streams(self, shard: int, bands: tuple[Band, ...] = BANDS) -> tuple[str, ...]:
+        """A shard's streams, in the order of `bands` (highest first unless told)."""
+        return tuple(self.jobs_stream(shard, band) for band in bands)
 
     @property
-    def jobs_stream(self) -> str:
-        """Stream of submitted jobs; consumer group WORKER_GROUP. No TTL: a worker deletes an entry
-        when it acknowledges it, so the stream holds only queued and running jobs."""
-        return f"{self.prefix}:jobs"
+    def queue_places(self) -> tuple[tuple[int, Band, str], ...]:
+        """(shard, band, stream) of every stream of the queue, shard by shard, highest band first."""
+        return tuple((shard, band, self.jobs_stream(shard, band))
+                     for shard in range(self.jobs_shards) for band in BANDS)
+
+    @property
+    def jobs_streams(self) -> tuple[str, ...]:
+        """Every stream of the queue (jobs_shards × bands)."""
+        return tuple(stream for _shard, _band, stream in self.queue_places)
+
+    def shard_of(self, job_id: str) -> int:
+        """The job's shard: a stable hash of its id (CRC-32), so every api process agrees."""
+        return zlib.crc32(job_id.encode()) % self.jobs_shards
+
+    def stream_of(self, job_id: str, priority: int, bands: bool = True) -> str:
+        """The stream a job is queued on: its shard's stream of its priority's band."""
+        return self.jobs_stream(self.shard_of(job_id), band_of(priority, bands))
 
     @property
     def dead_letter_stream(self) -> str:
@@ -38,9 +68,9 @@ class Keys:
         return f"{self.prefix}:jobs:dead"
 
     @property
-    def fleet_keys(self) -> tuple[str, str]:
+    def fleet_keys(self) -> tuple[str, ...]:
         """The keys without a TTL: shared by every job, bounded in size."""
-        return (self.jobs_stream, self.dead_letter_stream)
+        return (*self.jobs_streams, self.dead_letter_stream)
 
     @property
     def control_channel(self) -> str:

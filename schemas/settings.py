@@ -208,6 +208,23 @@ class Settings(BaseSettings):
         description="Deliveries of a job (first run and resumes after a worker died) before it is "
         "moved to the dead-letter stream as failed: a job that kills its worker must not loop.",
     )
+    jobs_shards: int = Field(
+        default=1, ge=1, le=256,
+        description="Shards of the jobs queue, each with its own hash tag (one slot on Redis Cluster); a "
+        "job goes to the shard of a hash of its id. Every api and worker must agree; change it only with "
+        "an empty queue.",
+    )
+    priority_bands: bool = Field(
+        default=True,
+        description="Queue jobs by priority band (high: 1..100, normal: 0, low: -99..-1, batch: -100), "
+        "workers reading the highest non-empty band first; false: every job in the normal band, first in "
+        "first out across the fleet (the engine still orders what it holds by priority).",
+    )
+    band_starvation_every: int = Field(
+        default=8, ge=0,
+        description="Every Nth read of a worker starts one band lower (the lower bands in turn), so low "
+        "and batch jobs keep moving under a steady stream of higher ones; 0: strictly highest first.",
+    )
     drain_timeout: float = Field(
         default=30.0, ge=0,
         description="Seconds a worker keeps running its jobs after SIGTERM/SIGINT (it reads no new "

@@ -22,6 +22,7 @@ from redis.asyncio import Redis
 from redisconn.live import publish_live
 from schemas.job import JobEvent, JobResult, JobSpec, JobStatus, RecordField, Usage
 from schemas.keys import Keys
+from schemas.queue import EntryRef
 from worker.choices import Choices
 from worker.convert import engine_request
 from worker.engine_thread import AddCommand
@@ -37,11 +38,16 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class Entry:
-    """One entry of the jobs stream, as read or reclaimed, with its delivery count."""
+    """One entry of a jobs stream, as read or reclaimed, with its delivery count."""
 
+    stream: str
     entry_id: str
     fields: dict[str, str]
     deliveries: int = 1
+
+    @property
+    def ref(self) -> EntryRef:
+        return (self.stream, self.entry_id)
 
 
 @dataclass(slots=True)
@@ -125,22 +131,21 @@ class Intake:
 
     async def drop(self, entry: Entry, reason: str) -> None:
         log.error("dead-lettering stream entry %s: %s", entry.entry_id, reason)
-        await self.publisher.dead_letter(entry.entry_id, entry.fields, entry.deliveries, reason)
-        await self.publisher.ack([entry.entry_id])
+        await self.publisher.dead_letter(entry, reason)
+        await self.publisher.ack([entry.ref])
 
     async def decide(self, taken: list[Taken]) -> list[AddCommand]:
         """End what must end without the engine; return the requests to add to it."""
         now = time.time()
         ends: list[tuple[InFlight, JobEvent]] = []
         starts: list[tuple[Taken, AddCommand]] = []
-        acks: list[str] = []
+        acks: list[EntryRef] = []
         for t in taken:
             failure = self._failure(t)
             if t.finished:  # only the acknowledgement was missing
-                acks.append(t.job.entry_id)
+                acks.append(t.job.ref)
             elif failure is not None:
-                entry = t.entry
-                await self.publisher.dead_letter(entry.entry_id, entry.fields, entry.deliveries, failure)
+                await self.publisher.dead_letter(t.entry, failure)
                 ends.append((t.job, self._end(t, JobStatus.FAILED, failure)))
             elif t.cancelled:
                 ends.append((t.job, self._end(t, JobStatus.CANCELLED)))

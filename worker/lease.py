@@ -2,9 +2,9 @@
 
 A job read from the consumer group is pending for its worker until acknowledged; its idle time is
 the lease. A live worker renews its jobs' leases at every heartbeat (an XCLAIM to itself, only of
-entries still its own), so a long generation is never taken over; every worker sweeps the group
-for entries idle past the lease at two sweeps in a row — their worker died or hung — and resumes
-them. The heartbeat key (a TTL of one lease) says who is alive and how loaded it is.
+entries still its own), so a long generation is never taken over; every worker sweeps the group on
+every jobs stream for entries idle past the lease at two sweeps in a row — their worker died or
+hung — and resumes them. The heartbeat key (a TTL of one lease) says who is alive and how loaded it is.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from schemas.keys import WORKER_GROUP, Keys
+from schemas.queue import EntryRef, by_stream
 from schemas.worker import WorkerInfo
 from worker.intake import Entry
 from worker.scripts import Scripts
@@ -29,7 +30,7 @@ class Lease:
         self.scripts = scripts
         self.worker_id = worker_id
         self.lease_ms = lease_ms
-        self._suspects: list[str] = []  # entries the last sweep saw idle past the lease
+        self._suspects: list[EntryRef] = []  # entries the last sweep saw idle past the lease
 
     async def beat(self, info: WorkerInfo) -> None:
         await self.redis.set(self.keys.worker(self.worker_id), info.model_dump_json(), px=self.lease_ms)
@@ -37,35 +38,40 @@ class Lease:
     async def leave(self) -> None:
         await self.redis.delete(self.keys.worker(self.worker_id))
 
-    async def renew(self, entry_ids: list[str]) -> set[str]:
+    async def renew(self, refs: list[EntryRef]) -> set[EntryRef]:
         """Reset the idle time of entries still pending for this worker; returns those it lost."""
-        return await self._keep("renew", entry_ids)
+        return await self._keep("renew", refs)
 
-    async def release(self, entry_ids: list[str]) -> None:
+    async def release(self, refs: list[EntryRef]) -> None:
         """Hand entries to the fleet now: idle past the lease, this delivery not counted."""
-        lost = await self._keep("release", entry_ids)
+        lost = await self._keep("release", refs)
         if lost:
             log.info("%d job(s) had already been taken over by other workers", len(lost))
 
-    async def _keep(self, mode: str, entry_ids: list[str]) -> set[str]:
-        if not entry_ids:
+    async def _keep(self, mode: str, refs: list[EntryRef]) -> set[EntryRef]:
+        streams = by_stream(refs)
+        if not streams:
             return set()
 
         def build(pipe) -> None:  # type: ignore[no-untyped-def]
-            self.scripts.call(pipe, "keep", [self.keys.jobs_stream],
-                              [WORKER_GROUP, self.worker_id, mode, self.lease_ms, *entry_ids])
+            for stream, entry_ids in streams.items():  # one script call per stream: one key each
+                self.scripts.call(pipe, "keep", [stream], [WORKER_GROUP, self.worker_id, mode, self.lease_ms,
+                                                           *entry_ids])
 
-        (lost,) = await self.scripts.execute(build)
-        if isinstance(lost, Exception):
-            raise lost
-        return set(lost)
+        lost: set[EntryRef] = set()
+        for stream, result in zip(streams, await self.scripts.execute(build), strict=True):
+            if isinstance(result, Exception):
+                raise result
+            lost.update((stream, entry_id) for entry_id in result)
+        return lost
 
     def forget_suspects(self) -> None:
         """After an outage, what the last sweep saw is stale: start over."""
         self._suspects = []
 
     async def reclaim(self, count: int) -> list[Entry]:
-        """Claim up to `count` entries idle past the lease at the previous sweep and still now.
+        """Claim up to `count` entries idle past the lease at the previous sweep and still now, over
+        every jobs stream (each shard and band).
 
         Redis counts idle time by its own clock, which runs on through an outage (or a pause of
         Redis itself): right after one, every live worker's jobs look abandoned until their owners
@@ -73,26 +79,32 @@ class Lease:
         seen idle past the lease becomes a suspect, and is claimed (XCLAIM with the lease as minimum
         idle time, so one renewed meanwhile stays with its owner) only at the next sweep, a heartbeat
         later. A dead worker's jobs wait one heartbeat more; a live one's are never taken."""
-        suspects, self._suspects = self._suspects[:count], []
-        claimed: list[tuple[str, dict[str, str]]] = []
+        suspects, self._suspects = by_stream(self._suspects[:count]), []
+        claimed: list[tuple[str, str, dict[str, str]]] = []
         if suspects:
-            replies: list[tuple[str | None, dict[str, str] | None]] = await self.redis.xclaim(  # type: ignore[assignment]
-                self.keys.jobs_stream, WORKER_GROUP, self.worker_id, self.lease_ms, suspects)  # type: ignore[arg-type]
-            # A suspect deleted from the stream meanwhile comes back empty: nothing to run.
-            claimed = [(entry_id, fields) for entry_id, fields in replies if entry_id and fields]
-        rows: list[dict[str, Any]] = await self.redis.xpending_range(  # type: ignore[assignment]
-            self.keys.jobs_stream, WORKER_GROUP, "-", "+", count, idle=self.lease_ms)
-        self._suspects = [row["message_id"] for row in rows]
+            pipe = self.redis.pipeline(transaction=False)
+            for stream, entry_ids in suspects.items():
+                pipe.xclaim(stream, WORKER_GROUP, self.worker_id, self.lease_ms, entry_ids)  # type: ignore[arg-type]
+            for stream, replies in zip(suspects, await pipe.execute(), strict=True):
+                # A suspect deleted from the stream meanwhile comes back empty: nothing to run.
+                claimed += [(stream, entry_id, fields) for entry_id, fields in replies if entry_id and fields]
+        pipe = self.redis.pipeline(transaction=False)
+        streams = self.keys.jobs_streams
+        for stream in streams:
+            pipe.xpending_range(stream, WORKER_GROUP, "-", "+", count, idle=self.lease_ms)
+        sightings: list[list[dict[str, Any]]] = await pipe.execute()
+        self._suspects = [(stream, row["message_id"]) for stream, rows in zip(streams, sightings, strict=True)
+                          for row in rows]
         if not claimed:
             return []
         pipe = self.redis.pipeline(transaction=False)
-        for entry_id, _fields in claimed:
-            pipe.xpending_range(self.keys.jobs_stream, WORKER_GROUP, entry_id, entry_id, 1)
+        for stream, entry_id, _fields in claimed:
+            pipe.xpending_range(stream, WORKER_GROUP, entry_id, entry_id, 1)
         pending = await pipe.execute()
         out: list[Entry] = []
-        for (entry_id, fields), rows in zip(claimed, pending, strict=True):
+        for (stream, entry_id, fields), rows in zip(claimed, pending, strict=True):
             if rows and rows[0]["consumer"] == self.worker_id:
-                out.append(Entry(entry_id, fields, int(rows[0]["times_delivered"])))
+                out.append(Entry(stream, entry_id, fields, int(rows[0]["times_delivered"])))
         if out:
             log.warning("reclaimed %d job(s) idle for more than %d ms at two sweeps in a row", len(out),
                         self.lease_ms)

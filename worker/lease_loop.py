@@ -56,7 +56,7 @@ class LeaseLoop:
 
     async def _renew(self) -> None:
         jobs = self.owned.jobs()
-        lost = await self.lease.renew([job.entry_id for job in jobs])
+        lost = await self.lease.renew([job.ref for job in jobs])
         for job in jobs:
-            if job.entry_id in lost and self.owned.get(job.job_id) is job:
+            if job.ref in lost and self.owned.get(job.job_id) is job:
                 self.lose(job)

@@ -1,4 +1,4 @@
-"""The jobs a worker owns: read from the jobs stream (or reclaimed) and not yet acknowledged.
+"""The jobs a worker owns: read from a jobs stream (or reclaimed) and not yet acknowledged.
 
 The worker's loops share one `Owned`: reading adds jobs, publishing removes those that ended, the
 lease loop renews what it holds, cancels look jobs up, and the drain waits until it is empty.
@@ -10,6 +10,7 @@ import asyncio
 from dataclasses import dataclass
 
 from schemas.job import JobSpec, Timings
+from schemas.queue import EntryRef
 from worker.choices import Choices
 
 
@@ -27,11 +28,16 @@ class InFlight:
     cancel_requested: bool = False
     spec: JobSpec | None = None  # tenant, webhook, trace context: for what its end sets off
     choices: Choices | None = None  # a multi-choice job's progress (worker/choices.py)
+    stream: str = ""  # the jobs stream its entry lives on (shard × band); "" for none (tests)
 
     @property
     def next_index(self) -> int:
         """The index of the job's next event in its stream."""
         return self.choices.next_index if self.choices is not None else self.tokens
+
+    @property
+    def ref(self) -> EntryRef:
+        return (self.stream, self.entry_id)
 
     def timings(self, now: float) -> Timings:
         def since(t: float | None) -> float | None:

@@ -3,7 +3,7 @@
 Every event goes through the APPEND script, which writes only while this worker owns the job (the
 record's `worker` field): a worker that lost a job to another — it hung past its lease — learns so
 at its next write and stops, and can never interleave its events with the new owner's. A job's
-entry in the jobs stream is acknowledged (and deleted) only after its final record is written.
+entry in its jobs stream is acknowledged (and deleted) only after its final record is written.
 """
 
 from __future__ import annotations
@@ -17,10 +17,12 @@ from redis.asyncio.client import Pipeline
 
 from schemas.job import JobEvent, JobResult
 from schemas.keys import DEAD_LETTER_MAXLEN, WORKER_GROUP, Keys, event_entry_id
+from schemas.queue import EntryRef, by_stream
 from worker.owned import InFlight
 from worker.scripts import Scripts
 
 if TYPE_CHECKING:
+    from worker.intake import Entry
     from worker.observe import Observer
 
 
@@ -69,7 +71,7 @@ class Publisher:
                 out.ended.append(job)
                 if event.result is not None:
                     finals.append((job, event.result))
-        await self.ack([job.entry_id for job in out.ended])
+        await self.ack([job.ref for job in out.ended])
         if self.observer is not None:
             for job, job_result in finals:
                 self.observer.ended(job, job_result)
@@ -87,21 +89,24 @@ class Publisher:
              self.result_ttl],
         )
 
-    async def ack(self, entry_ids: list[str]) -> None:
-        """Acknowledge and delete entries of the jobs stream: it keeps only unfinished jobs."""
-        if not entry_ids:
+    async def ack(self, refs: list[EntryRef]) -> None:
+        """Acknowledge and delete entries of the jobs streams: they keep only unfinished jobs. One
+        pipeline, one stream per command (one slot each on Redis Cluster)."""
+        streams = by_stream(ref for ref in refs if ref[0])
+        if not streams:
             return
         pipe = self.redis.pipeline(transaction=False)
-        pipe.xack(self.keys.jobs_stream, WORKER_GROUP, *entry_ids)
-        pipe.xdel(self.keys.jobs_stream, *entry_ids)
+        for stream, entry_ids in streams.items():
+            pipe.xack(stream, WORKER_GROUP, *entry_ids)
+            pipe.xdel(stream, *entry_ids)
         await pipe.execute()
 
-    async def dead_letter(self, entry_id: str, fields: dict[str, str], deliveries: int, reason: str) -> None:
+    async def dead_letter(self, entry: Entry, reason: str) -> None:
         """Copy an entry to the dead-letter stream; the caller then ends the job and acknowledges."""
         await self.redis.xadd(
             self.keys.dead_letter_stream,
-            {**fields, "entry_id": entry_id, "deliveries": deliveries, "reason": reason,
-             "worker": self.worker_id, "at": time.time()},
+            {**entry.fields, "entry_id": entry.entry_id, "stream": entry.stream,
+             "deliveries": entry.deliveries, "reason": reason, "worker": self.worker_id, "at": time.time()},
             maxlen=DEAD_LETTER_MAXLEN, approximate=True,
         )
         if self.observer is not None:

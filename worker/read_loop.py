@@ -1,5 +1,6 @@
-"""Taking jobs (docs/design.md §1 step 3): `XREADGROUP … COUNT n`, n being what the engine can admit
-now, so a busy worker stops reading and the others take the queue; each entry read (or reclaimed by
+"""Taking jobs (docs/design.md §1 step 3): up to n entries (worker/queue_reader.py: highest band
+first, shards in turn), n being what the engine can admit now, so a busy worker stops reading and the
+others take the queue; each entry read (or reclaimed by
 the lease loop) is admitted: owned, taken (intake), then added to the engine in one go."""
 
 from __future__ import annotations
@@ -11,20 +12,20 @@ from contextlib import suppress
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from schemas.keys import WORKER_GROUP, Keys
+from schemas.keys import Keys
 from schemas.queue import ensure_group
 from worker import faults
 from worker.engine_thread import EngineThread
 from worker.intake import Entry, Intake, parse
 from worker.lease import Lease
 from worker.owned import InFlight, Owned
-
-READ_BLOCK_MS = 1000
+from worker.queue_reader import QueueReader
 
 
 class ReadLoop:
     def __init__(self, redis: Redis, keys: Keys, worker_id: str, thread: EngineThread, intake: Intake,
-                 lease: Lease, owned: Owned, draining: Callable[[], bool], crash_token: int | None) -> None:
+                 lease: Lease, owned: Owned, draining: Callable[[], bool], crash_token: int | None,
+                 queue: QueueReader) -> None:
         self.redis = redis
         self.keys = keys
         self.worker_id = worker_id
@@ -35,30 +36,40 @@ class ReadLoop:
         self.draining = draining
         self.room = asyncio.Event()  # set when the engine may have room for more jobs
         self._crash_token = crash_token  # test-only fault injection (worker/faults.py)
+        self.queue = queue
 
     async def run(self) -> None:
         while not self.draining():
-            room = self.thread.capacity()
-            if room <= 0:
-                self.room.clear()
-                with suppress(TimeoutError):
-                    async with asyncio.timeout(0.5):  # (wait_for may drop a cancel on Python 3.11)
-                        await self.room.wait()
-                continue
             try:
-                streams = {self.keys.jobs_stream: ">"}
-                reply = await self.redis.xreadgroup(WORKER_GROUP, self.worker_id, streams, count=room,
-                                                    block=READ_BLOCK_MS)
+                entries = await self._read()
             except ResponseError as exc:
                 if "NOGROUP" not in str(exc):
                     raise
-                await ensure_group(self.redis, self.keys)  # the stream was deleted under us
+                await ensure_group(self.redis, self.keys)  # a stream was deleted under us
                 continue
-            entries = [Entry(eid, fields) for _stream, items in reply or [] for eid, fields in items]
+            except asyncio.CancelledError:
+                self.queue.cancel()
+                raise
             if self.draining():  # read while the drain began: hand them straight back
-                await self.lease.release([e.entry_id for e in entries])
+                entries += await self.queue.settle()
+                await self.lease.release([e.ref for e in entries])
                 return
             await self.admit(entries)
+        await self.lease.release([e.ref for e in await self.queue.settle()])
+
+    async def _read(self) -> list[Entry]:
+        """What to admit next: entries a blocking read returned meanwhile (pending for this worker
+        already: they run whatever the room, the engine queues them), else as many as there is room for."""
+        if done := self.queue.harvest():
+            return done
+        room = self.thread.capacity()
+        if room <= 0:
+            self.room.clear()
+            with suppress(TimeoutError):
+                async with asyncio.timeout(0.5):  # (wait_for may drop a cancel on Python 3.11)
+                    await self.room.wait()
+            return []
+        return await self.queue.poll(room) or await self.queue.wait(room)
 
     async def admit(self, entries: list[Entry]) -> None:
         jobs = []
@@ -69,7 +80,8 @@ class ReadLoop:
                 continue
             if spec.id in self.owned:  # our own entry, reclaimed while it runs here: keep running
                 continue
-            job = InFlight(spec.id, entry.entry_id, spec.created_at, entry.deliveries, spec=spec)
+            job = InFlight(spec.id, entry.entry_id, spec.created_at, entry.deliveries, spec=spec,
+                           stream=entry.stream)
             self.owned.add(job)  # before taking it, so a cancel meanwhile is not missed
             jobs.append((job, spec, entry))
         if not jobs:

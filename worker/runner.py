@@ -43,7 +43,8 @@ from worker.outage import outage_cap, until_up
 from worker.owned import InFlight, Owned
 from worker.publish_loop import PublishLoop
 from worker.publisher import Publisher
-from worker.read_loop import READ_BLOCK_MS, ReadLoop
+from worker.queue_reader import READ_BLOCK_MS, QueueReader
+from worker.read_loop import ReadLoop
 from worker.scripts import Scripts
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ class Worker:
     def __init__(self, settings: Settings, engine: Engine, redis: Redis, worker_id: str | None = None,
                  model_name: str = "", tracing: Tracing | None = None) -> None:
         self.settings = settings
-        self.keys = Keys(settings.key_prefix)
+        self.keys = Keys(settings.key_prefix, settings.jobs_shards)
         self.redis = redis
         self.worker_id = worker_id or new_worker_id()
         self.engine = engine
@@ -99,7 +100,9 @@ class Worker:
                                     on_step=self.metrics.step)
         self._thread.start()
         reader = ReadLoop(self.redis, self.keys, self.worker_id, self._thread, self.intake, self.lease,
-                          self.owned, self._is_draining, self._crash_token)
+                          self.owned, self._is_draining, self._crash_token,
+                          QueueReader(self.redis, self.keys, self.scripts, self.worker_id,
+                                      self.settings.band_starvation_every))
         publisher = PublishLoop(self.publisher, self.owned, self._outputs, reader.room, self._lose,
                                 self.outage_cap)
         control = ControlLoop(self.redis, self.keys, self.owned, self._thread)
@@ -107,7 +110,8 @@ class Worker:
                            self.observer, self._lose, self._is_draining,
                            self.settings.heartbeat_interval_ms / 1000)
         await self.lease.beat(self.info())
-        log.info("worker %s reading %s", self.worker_id, self.keys.jobs_stream)
+        log.info("worker %s reading %d jobs stream(s) (%d shard(s) × bands)", self.worker_id,
+                 len(self.keys.jobs_streams), self.keys.jobs_shards)
         read = asyncio.create_task(self._guard("read", reader.run), name="read")
         others = [
             asyncio.create_task(publisher.run(), name="publish"),
@@ -154,7 +158,7 @@ class Worker:
         left = self.owned.jobs()
         if left:
             log.info("handing %d unfinished job(s) to other workers", len(left))
-            await self.lease.release([job.entry_id for job in left])
+            await self.lease.release([job.ref for job in left])
             self.owned.clear()
         await self.lease.leave()
 

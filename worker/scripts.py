@@ -1,10 +1,10 @@
 """The worker's Lua scripts: the few writes that must check ownership and act in one step.
 
-Each script touches the keys of one job (same hash tag) or only the jobs stream, so the layout
-keeps working on Redis Cluster; there the live PUBLISH is SPUBLISH (redisconn/live.py). Scripts are
-loaded once and called with EVALSHA inside the step pipeline; if Redis lost its script cache (a
-restart), `execute` loads them again and re-runs the pipeline, which is safe because every write in
-it is idempotent (event IDs follow the token index).
+Each script touches the keys of one job (same hash tag) or of one jobs shard (its band streams
+share a hash tag), so the layout keeps working on Redis Cluster; there the live PUBLISH is SPUBLISH
+(redisconn/live.py). Scripts are loaded once and called with EVALSHA inside the step pipeline; if
+Redis lost its script cache (a restart), `execute` loads them again and re-runs the pipeline, which
+is safe because every write in it is idempotent (event IDs follow the token index).
 """
 
 from __future__ import annotations
@@ -86,7 +86,24 @@ end
 return lost
 """
 
-_SOURCES = {"take": TAKE, "append": APPEND, "keep": KEEP}
+# KEYS: the streams of one shard (one hash tag), in the order to read them. ARGV: group, consumer, count.
+# Reads new entries (XREADGROUP >, no BLOCK) from each stream in turn until `count` are read, so a
+# worker takes exactly what it has room for, from the first bands first, in one round trip.
+# Returns {stream, entries} for each stream read from.
+READ = """
+local out, left = {}, tonumber(ARGV[3])
+for i = 1, #KEYS do
+  if left <= 0 then break end
+  local reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', left, 'STREAMS', KEYS[i], '>')
+  if reply and #reply[1][2] > 0 then
+    out[#out + 1] = {KEYS[i], reply[1][2]}
+    left = left - #reply[1][2]
+  end
+end
+return out
+"""
+
+_SOURCES = {"take": TAKE, "append": APPEND, "keep": KEEP, "read": READ}
 
 
 class Scripts:

@@ -120,3 +120,26 @@ def test_ready_needs_a_worker_heartbeat(queue_service) -> None:  # type: ignore[
                                                          "reason": None}
         finally:
             redis.delete(keys.worker("w-test"))
+
+
+def test_metrics_show_the_queue_per_band_and_summed(queue_service) -> None:  # type: ignore[no-untyped-def]
+    def samples() -> dict[str, float]:
+        text = httpx.get(queue_service.base_url + "/metrics", timeout=10).text
+        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines() if line and not line.startswith("#")}
+
+    def queued(band: str) -> float:
+        return samples()[f'conveyor_queue_jobs{{band="{band}",shard="0",status="queued"}}']
+
+    before = samples()
+    bands = {10: "high", 0: "normal", -100: "batch"}
+    jobs = [post(queue_service, {**BODY, "priority": p}, "bob") for p in bands]
+    assert [j.status_code for j in jobs] == [202] * 3, [j.text for j in jobs]
+    after = samples()
+    for band in bands.values():  # no worker: each job waits on its band's stream
+        assert queued(band) == before[f'conveyor_queue_jobs{{band="{band}",shard="0",status="queued"}}'] + 1
+    assert after['conveyor_jobs{status="queued"}'] == before['conveyor_jobs{status="queued"}'] + 3
+    assert after['conveyor_jobs{status="queued"}'] == sum(
+        v for k, v in after.items() if k.startswith("conveyor_queue_jobs") and 'status="queued"' in k)
+    for job in jobs:
+        cancel(queue_service, job.json()["id"], "bob")

@@ -119,9 +119,9 @@ CASES = ([("/generate", b, f) for b, f in TGI] + [("/generate_stream", b, f) for
 
 
 def queued(service) -> int:  # type: ignore[no-untyped-def]
-    """Entries in the jobs stream: each accepted request adds one."""
+    """Entries in the jobs streams: each accepted request adds one."""
     with Redis.from_url(service.redis_url, decode_responses=True) as redis:
-        return redis.xlen(Keys(service.env["CONVEYOR_KEY_PREFIX"]).jobs_stream)
+        return sum(redis.xlen(s) for s in Keys(service.env["CONVEYOR_KEY_PREFIX"]).jobs_streams)
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ from schemas.job import JobEvent, JobResult, JobSpec, JobStatus, RecordField, St
 from schemas.keys import event_entry_id
 from tests.api.conftest import KEYS, keys_of, redis_of, until, wait_ready
 from tests.conftest import REPO, RunningService, start_service, stop_service
+from worker.intake import Entry
 from worker.publisher import Publisher
 
 # The README's screenshots are retaken with CONVEYOR_UPDATE_SCREENSHOTS=1; otherwise a test run leaves
@@ -88,7 +89,8 @@ def dead_letter(service: RunningService, tenant: str = "alice", reason: str = "d
         client = AsyncRedis.from_url(service.redis_url, decode_responses=True)
         try:
             publisher = Publisher(client, keys, "worker-gone", None, 3600, 16384)  # type: ignore[arg-type]
-            await publisher.dead_letter("1-0", {"id": spec.id, "spec": payload}, 4, reason)
+            stream = keys.stream_of(spec.id, spec.priority)
+            await publisher.dead_letter(Entry(stream, "1-0", {"id": spec.id, "spec": payload}, 4), reason)
         finally:
             await client.aclose()
 

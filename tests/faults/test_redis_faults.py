@@ -152,8 +152,8 @@ def recovered(c: Cluster, pids: dict[str, int], load: Load) -> list[str]:
             out.append(f"async job {job_id} ended {status}")
     load.pool.shutdown()
     with c.redis() as r:
-        pending = r.xpending(c.keys.jobs_stream, "workers")["pending"]  # type: ignore[index]
-        queued, dead = r.xlen(c.keys.jobs_stream), r.xlen(c.keys.dead_letter_stream)
+        pending = sum(r.xpending(s, "workers")["pending"] for s in c.keys.jobs_streams)  # type: ignore[index]
+        queued, dead = sum(r.xlen(s) for s in c.keys.jobs_streams), r.xlen(c.keys.dead_letter_stream)
     if (pending, queued, dead) != (0, 0, 0):
         out.append(f"left behind: {pending} pending, {queued} in the jobs stream, {dead} dead-lettered")
     now = {name: proc.pid for name, proc in _processes(c).items() if proc.poll() is None}

@@ -88,14 +88,31 @@ class Jobs:
     async def wait_idle_past_lease(self, lease_ms: int, timeout: float = 60) -> None:
         """Until Redis shows an entry idle for longer than `lease_ms`: a dead worker's lease ran out."""
         deadline = time.monotonic() + timeout
-        while not await self.redis.xpending_range(self.keys.jobs_stream, WORKER_GROUP, "-", "+", 1,
-                                                  idle=lease_ms):
+        while not await self.pending_rows(idle=lease_ms):
             if time.monotonic() > deadline:
                 raise AssertionError(f"no entry idle past {lease_ms} ms after {timeout}s\n{self.logs()}")
             await asyncio.sleep(0.05)
 
     async def pending(self) -> int:
-        return int((await self.redis.xpending(self.keys.jobs_stream, WORKER_GROUP))["pending"])
+        """Entries read and not acknowledged, over every jobs stream."""
+        streams = self.keys.jobs_streams
+        return sum([int((await self.redis.xpending(s, WORKER_GROUP))["pending"]) for s in streams])
+
+    async def pending_rows(self, count: int = 100, **kwargs: Any) -> list[dict[str, Any]]:
+        """XPENDING's rows over every jobs stream, each with its `stream`."""
+        return [{**row, "stream": stream} for stream in self.keys.jobs_streams
+                for row in await self.redis.xpending_range(stream, WORKER_GROUP, "-", "+", count, **kwargs)]
+
+    async def queued(self) -> int:
+        """Entries in the jobs streams (acknowledged ones are deleted)."""
+        return sum([await self.redis.xlen(stream) for stream in self.keys.jobs_streams])
+
+    def use_shards(self, shards: int) -> None:
+        """Split the queue into `shards` (before any worker starts)."""
+        self.keys = Keys(self.keys.prefix, shards)
+        self.settings = self.settings.model_copy(update={"jobs_shards": shards})
+        if isinstance(self, Fleet):
+            self.env["CONVEYOR_JOBS_SHARDS"] = str(shards)
 
     async def info(self, worker_id: str) -> WorkerInfo:
         raw = await self.redis.get(self.keys.worker(worker_id))

@@ -74,15 +74,15 @@ async def test_a_long_job_on_a_healthy_worker_is_never_taken_over(fleet, make_sp
     job_id = await fleet.submit(make_spec(PROMPT, max_new_tokens=4000))  # runs until cancelled below
     await fleet.wait_events(job_id, 1)
     owner = (await fleet.record(job_id))[RecordField.WORKER]
-    (entry,) = await fleet.redis.xpending_range(fleet.keys.jobs_stream, WORKER_GROUP, "-", "+", 10)
-    entry_id = entry["message_id"]
+    (entry,) = await fleet.pending_rows()
+    entry_id, stream = entry["message_id"], entry["stream"]
     submitted_ms = int(entry_id.split("-")[0])  # the stream entry's ID is Redis's clock at XADD
 
     # Watch its lease, by Redis's own clock, until the job has been pending for three leases.
     idle_ms: list[int] = []
     deadline = time.monotonic() + 120
     while True:
-        rows = await fleet.redis.xpending_range(fleet.keys.jobs_stream, WORKER_GROUP, entry_id, entry_id, 1)
+        rows = await fleet.redis.xpending_range(stream, WORKER_GROUP, entry_id, entry_id, 1)
         assert rows, "the job ended before it had run for three leases: make it longer"
         assert (rows[0]["consumer"], rows[0]["times_delivered"]) == (owner, 1)
         idle_ms.append(rows[0]["time_since_delivered"])

@@ -19,7 +19,8 @@ PROMPT = [101, 2024, 318, 257, 1332, 13]
 
 async def dead_worker_takes(local, job_id: str, events: list[JobEvent]) -> None:  # type: ignore[no-untyped-def]
     """A worker 'dead' read the job, wrote `events` to its event stream, and died."""
-    reply = await local.redis.xreadgroup(WORKER_GROUP, "dead", {local.keys.jobs_stream: ">"}, count=1)
+    stream = local.keys.stream_of(job_id, 0)
+    reply = await local.redis.xreadgroup(WORKER_GROUP, "dead", {stream: ">"}, count=1)
     assert reply and reply[0][1][0][1]["id"] == job_id
     await local.redis.hset(local.keys.job(job_id), mapping={
         RecordField.WORKER: "dead", RecordField.STATUS: JobStatus.RUNNING.value,
@@ -84,7 +85,7 @@ async def test_a_finished_job_whose_ack_was_lost_is_only_acknowledged(local, mak
     assert after[RecordField.RESULT] == before[RecordField.RESULT]
     assert after[RecordField.FINISHED_AT] == before[RecordField.FINISHED_AT]  # not run again
     await local.check_events(job_id, n)
-    assert await local.redis.xlen(local.keys.jobs_stream) == 0  # acknowledged entries are deleted
+    assert await local.queued() == 0  # acknowledged entries are deleted
 
 
 async def test_cancelled_or_expired_in_the_queue_never_starts(local, make_spec) -> None:  # type: ignore[no-untyped-def]
@@ -104,9 +105,10 @@ async def test_cancelled_or_expired_in_the_queue_never_starts(local, make_spec) 
 
 
 async def test_unreadable_entries_go_to_the_dead_letter_stream(local, make_spec) -> None:  # type: ignore[no-untyped-def]
-    await local.redis.xadd(local.keys.jobs_stream, {"id": "junk", "spec": "{not json"})
-    orphan = make_spec(PROMPT)  # in the stream without its record
-    await local.redis.xadd(local.keys.jobs_stream, {"id": orphan.id, "spec": orphan.model_dump_json()})
+    await local.redis.xadd(local.keys.stream_of("junk", 0), {"id": "junk", "spec": "{not json"})
+    orphan = make_spec(PROMPT, priority=-100)  # in the (batch) stream without its record
+    await local.redis.xadd(local.keys.stream_of(orphan.id, -100),
+                           {"id": orphan.id, "spec": orphan.model_dump_json()})
     async with local.worker():
         fine = await local.submit(make_spec(PROMPT))
         assert (await local.result(fine)).status is JobStatus.SUCCEEDED  # the worker keeps serving

@@ -9,6 +9,7 @@ import uuid
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from schemas.bands import Band
 from schemas.keys import WORKER_GROUP, Keys
 from schemas.queue import ensure_group
 from schemas.settings import Settings
@@ -19,36 +20,42 @@ from worker.scripts import Scripts
 LEASE_MS = 500
 
 
+def STREAM(keys: Keys) -> str:  # noqa: N802 - a constant of the test, computed from its keys
+    return keys.jobs_stream(2, Band.LOW)
+
+
 async def owner_of(redis, keys: Keys, entry_id: str) -> tuple[str, int]:  # type: ignore[no-untyped-def]
-    (row,) = await redis.xpending_range(keys.jobs_stream, WORKER_GROUP, entry_id, entry_id, 1)
+    (row,) = await redis.xpending_range(STREAM(keys), WORKER_GROUP, entry_id, entry_id, 1)
     return row["consumer"], row["times_delivered"]
 
 
 async def test_an_entry_is_claimed_only_if_still_idle_past_the_lease_a_sweep_later(redis) -> None:  # type: ignore[no-untyped-def]
-    keys = Keys(f"lease{uuid.uuid4().hex[:8]}")
+    keys = Keys(f"lease{uuid.uuid4().hex[:8]}", jobs_shards=3)
     await ensure_group(redis, keys)
     await ensure_group(redis, keys)  # a second call finds the group there and is a no-op
     scripts = Scripts(redis)
     entries = {}
+    stream = STREAM(keys)  # not the first shard's normal band: reclaim sweeps every stream
     for owner in ("alive", "dead"):
-        entries[owner] = await redis.xadd(keys.jobs_stream, {"id": owner, "spec": "{}"})
-        await redis.xreadgroup(WORKER_GROUP, owner, {keys.jobs_stream: ">"}, count=1)
+        entries[owner] = await redis.xadd(stream, {"id": owner, "spec": "{}"})
+        await redis.xreadgroup(WORKER_GROUP, owner, {stream: ">"}, count=1)
         # Redis's clock ran on through an outage: both entries look idle past the lease.
-        await redis.xclaim(keys.jobs_stream, WORKER_GROUP, owner, 0, [entries[owner]], idle=3 * LEASE_MS,
+        await redis.xclaim(stream, WORKER_GROUP, owner, 0, [entries[owner]], idle=3 * LEASE_MS,
                            justid=True)
     sweeper = Lease(redis, keys, scripts, "sweeper", LEASE_MS)
 
     assert await sweeper.reclaim(10) == []  # first sighting: suspects, nothing claimed
     assert await owner_of(redis, keys, entries["alive"]) == ("alive", 1)
-    assert await Lease(redis, keys, scripts, "alive", LEASE_MS).renew([entries["alive"]]) == set()
+    assert await Lease(redis, keys, scripts, "alive", LEASE_MS).renew([(stream, entries["alive"])]) == set()
 
     claimed = await sweeper.reclaim(10)  # a heartbeat later: only the entry nobody renewed
-    assert [(e.entry_id, e.fields["id"], e.deliveries) for e in claimed] == [(entries["dead"], "dead", 2)]
+    assert [(e.stream, e.entry_id, e.fields["id"], e.deliveries) for e in claimed] == [
+        (stream, entries["dead"], "dead", 2)]
     assert await owner_of(redis, keys, entries["alive"]) == ("alive", 1)
     assert await owner_of(redis, keys, entries["dead"]) == ("sweeper", 2)
 
     sweeper.forget_suspects()  # after the sweeper's own outage it starts over
-    await redis.xclaim(keys.jobs_stream, WORKER_GROUP, "alive", 0, [entries["alive"]], idle=3 * LEASE_MS,
+    await redis.xclaim(stream, WORKER_GROUP, "alive", 0, [entries["alive"]], idle=3 * LEASE_MS,
                        justid=True)
     assert await sweeper.reclaim(10) == []
     assert await owner_of(redis, keys, entries["alive"]) == ("alive", 1)

@@ -19,7 +19,6 @@ from redis.backoff import ConstantBackoff
 
 from launcher.redis_server import EmbeddedRedis
 from schemas.job import JobStatus, RecordField
-from schemas.keys import WORKER_GROUP
 from tests.worker.conftest import Fleet, new_fleet
 
 pytestmark = pytest.mark.slow
@@ -96,7 +95,7 @@ async def test_an_outage_shorter_than_the_lease_moves_no_job(outage, make_spec, 
         await fleet.wait_events(spec.id, 5)
     owners = {s.id: (await fleet.record(s.id))[RecordField.WORKER] for s in specs}
     assert set(owners.values()) == {"w0", "w1"}, f"one worker took every job: {owners}"
-    pending = await fleet.redis.xpending_range(fleet.keys.jobs_stream, WORKER_GROUP, "-", "+", 100)
+    pending = await fleet.pending_rows()
     assert sorted(row["consumer"] for row in pending) == sorted(owners.values())
     written = [len(await fleet.events(s.id)) for s in specs]
 

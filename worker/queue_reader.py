@@ -1,0 +1,119 @@
+"""Reading the queue (docs/design.md §1 step 3, §3): jobs_shards × priority bands, by capacity.
+
+`poll(room)` takes up to `room` new entries without waiting: shard by shard (each read starts at the
+next shard), and inside a shard band by band in `read_order` (highest first; every Kth read one band
+lower, so low bands keep moving), one READ script per shard — a shard's bands share a hash tag, so
+that is one slot and one round trip, and it takes exactly what was asked, never one entry per stream
+more.
+
+`wait(room)` blocks until something arrives when every stream was empty: one blocking XREADGROUP per
+shard over that shard's bands, all in flight at once (one connection each), so an entry on any shard
+wakes the worker as soon as it is written — no polling interval, no latency added. A blocking read
+cannot be cancelled safely (Redis may have delivered entries the reply to which would be lost, to be
+reclaimed only a lease later), so reads still in flight when one returns are left to finish; what they
+read is collected by the next `harvest()`, or by `settle()` at the drain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from redis.asyncio import Redis
+
+from schemas.bands import read_order, shard_order
+from schemas.keys import WORKER_GROUP, Keys
+from worker.intake import Entry
+from worker.scripts import Scripts
+
+READ_BLOCK_MS = 1000
+
+
+def _entries(stream: str, items: list[Any]) -> list[Entry]:
+    """Entries of one stream from a script's reply (fields as a flat list) or XREADGROUP's (a dict)."""
+    out = []
+    for entry_id, fields in items:
+        if isinstance(fields, list):
+            fields = dict(zip(fields[::2], fields[1::2], strict=True))
+        out.append(Entry(stream, entry_id, fields))
+    return out
+
+
+class QueueReader:
+    def __init__(self, redis: Redis, keys: Keys, scripts: Scripts, worker_id: str,
+                 starvation_every: int) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.scripts = scripts
+        self.worker_id = worker_id
+        self.starvation_every = starvation_every
+        self.reads = 0  # polls so far: where the band rotation and the shard turn stand
+        self._waits: dict[int, asyncio.Task[list[Entry]]] = {}  # shard → its blocking read in flight
+        self._carry: list[Entry] = []  # read by a blocking read, not yet returned (another one failed)
+
+    async def poll(self, room: int) -> list[Entry]:
+        """Up to `room` new entries, highest band first (with the starvation rule), shards in turn."""
+        bands = read_order(self.reads, self.starvation_every)
+        shards = shard_order(self.reads, self.keys.jobs_shards)
+        self.reads += 1
+        out: list[Entry] = []
+        for shard in shards:
+            if len(out) >= room:
+                break
+            streams = list(self.keys.shard_streams(shard, bands))
+            left = room - len(out)
+
+            def build(pipe, streams: list[str] = streams, left: int = left) -> None:  # type: ignore[no-untyped-def]
+                self.scripts.call(pipe, "read", streams, [WORKER_GROUP, self.worker_id, left])
+
+            (reply,) = await self.scripts.execute(build)
+            if isinstance(reply, Exception):
+                raise reply
+            for stream, items in reply:
+                out += _entries(stream, items)
+        return out
+
+    async def wait(self, room: int) -> list[Entry]:
+        """Blocks until any shard has new entries (at most READ_BLOCK_MS); returns what came first."""
+        for shard in range(self.keys.jobs_shards):
+            if shard not in self._waits:
+                self._waits[shard] = asyncio.create_task(self._block(shard, room), name=f"read-shard-{shard}")
+        await asyncio.wait(self._waits.values(), return_when=asyncio.FIRST_COMPLETED)
+        return self.harvest()
+
+    def harvest(self) -> list[Entry]:
+        """What the blocking reads that have ended meanwhile read (their errors raised here)."""
+        out, self._carry = self._carry, []
+        error: BaseException | None = None
+        for shard, task in list(self._waits.items()):
+            if not task.done():
+                continue
+            del self._waits[shard]
+            if task.cancelled():
+                continue
+            if (exc := task.exception()) is not None:
+                error = error or exc
+                continue
+            out += task.result()
+        if error is not None:
+            self._carry = out  # read and pending for this worker: the next harvest returns them
+            raise error
+        return out
+
+    async def settle(self) -> list[Entry]:
+        """At the drain: waits for the blocking reads in flight and returns what they read."""
+        if self._waits:
+            await asyncio.wait(self._waits.values())
+        return self.harvest()
+
+    def cancel(self) -> None:
+        """The worker is going away now: drop the reads in flight (a lease later, others reclaim)."""
+        for task in self._waits.values():
+            task.cancel()
+        self._waits.clear()
+
+    async def _block(self, shard: int, room: int) -> list[Entry]:
+        streams = dict.fromkeys(self.keys.shard_streams(shard), ">")
+        reply = await self.redis.xreadgroup(WORKER_GROUP, self.worker_id, streams, count=room,  # type: ignore[arg-type]
+                                            block=READ_BLOCK_MS)
+        return [entry for stream, items in reply or [] for entry in _entries(stream, items)]
