@@ -40,6 +40,9 @@ from bench.loadgen.workloads import HFTokenizer, random_workload  # noqa: E402
 
 SYSTEMS = ("conveyor", "vllm", "hf")
 SERVED = "smollm2-135m"
+# ../shared/peers beside the checkout (a worktree's sits one level further down).
+PEERS_DIR = next((d for d in (REPO.parent / "shared" / "peers", REPO.parents[1] / "shared" / "peers")
+                  if d.is_dir()), REPO.parent / "shared" / "peers")
 
 
 class PeerUnavailable(Exception):
@@ -159,7 +162,7 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model-dir", type=Path, default=None,
                    help="converted weights [default: Conveyor's default]")
-    p.add_argument("--peers-dir", type=Path, default=REPO.parent / "shared" / "peers",
+    p.add_argument("--peers-dir", type=Path, default=PEERS_DIR,
                    help="serve-vllm.sh's folder [default: %(default)s]")
     p.add_argument("--vllm-venv", type=Path, default=Path(os.environ.get("VENV", "/tmp/peers/vllm")))
     p.add_argument("--no-vllm-client", dest="vllm_client", action="store_false",
@@ -168,6 +171,7 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=Path("/tmp/conveyor-peers"))
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args()
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C: servers stopped, table printed
     systems = args.systems.split(",")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.model_dir is None:
@@ -182,13 +186,22 @@ def main() -> int:
                 str(args.model_dir), "--worker-metrics-port", "0", "--webhook-metrics-port", "0"]
     vllm_ok = (args.vllm_venv / "bin" / "vllm").exists()
 
+    stopped: list[str] = []
+
     def attempt(label: str, fn: Any) -> None:
+        if stopped:
+            rows.append((label, "not started: the run was interrupted"))
+            return
+        started = time.monotonic()
         try:
             runs[label] = fn()
             rows.append((label, runs[label]))
         except PeerUnavailable as exc:
             rows.append((label, str(exc)))
             print(f"{label}: could not run: {exc}", file=sys.stderr)
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the servers are stopped; the table still prints
+            stopped.append(label)
+            rows.append((label, f"interrupted after {time.monotonic() - started:.0f} s (not finished)"))
 
     if "conveyor" in systems:
         def conveyor_runs() -> dict[str, Any]:

@@ -148,7 +148,7 @@ def main(args: argparse.Namespace) -> int:
         summary = run(requests, opts, cfg)
         label = args.label or "run"
         if xs:
-            label += f" {xlabel.split()[0]}={cfg.rate if args.sweep_rates else cfg.max_concurrency}"
+            label += f" rate={cfg.rate}" if args.sweep_rates else f" concurrency={cfg.max_concurrency}"
         print(table(summary, label), flush=True)
         runs.append(summary)
         labels.append(label)

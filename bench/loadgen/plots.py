@@ -3,6 +3,7 @@ against the swept rate or concurrency."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,9 @@ def cdfs(runs: list[dict[str, Any]], labels: list[str], out: Path) -> Path:
 def sweep(runs: list[dict[str, Any]], xs: list[float], xlabel: str, out: Path) -> Path:
     plt = _pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    finite = [x for x in xs if not math.isinf(x)] or [1.0]
+    labels = ["inf" if math.isinf(x) else f"{x:g}" for x in xs]
+    xs = [2 * max(finite) if math.isinf(x) else x for x in xs]  # "all at once" drawn right of the rest
     axes[0].plot(xs, [r["total_token_throughput"] for r in runs], "o-", label="total")
     axes[0].plot(xs, [r["output_throughput"] for r in runs], "o-", label="output")
     axes[0].set_ylabel("tokens/s")
@@ -61,6 +65,7 @@ def sweep(runs: list[dict[str, Any]], xs: list[float], xlabel: str, out: Path) -
     axes[2].set_ylabel("TPOT (ms)")
     for ax in axes:
         ax.set_xlabel(xlabel)
+        ax.set_xticks(xs, labels)
         ax.grid(alpha=0.3)
     axes[1].legend()
     axes[2].legend()

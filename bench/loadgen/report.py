@@ -38,7 +38,7 @@ def table(summary: dict[str, Any], title: str = "") -> str:
     ]
     if "goodput" in s:
         slo = ",".join(f"{k}<={v:g}ms" for k, v in s["slo"].items())
-        rows.append(f"{'goodput (req/s, ' + slo + ')':<36}{_num(s['goodput'], 2)}"
+        rows.append(f"{'goodput (req/s, ' + slo + ')':<35} {_num(s['goodput'], 2)}"
                     f"  ({s['good_requests']} of {s['requests']})")
     rows.append(f"{'(ms)':<14}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}")
     names = [("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("ITL", "itl_ms"), ("E2E", "e2el_ms"),
