@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.api.conftest import KEYS
-from tests.conftest import REPO
+from tests.api.conftest import ALICE_SECRET, KEYS, wait_ready
+from tests.conftest import REPO, start_service, stop_service
 
 N, IN, OUT = 6, 12, 4
 
@@ -55,3 +55,21 @@ def test_a_concurrency_sweep_writes_one_run_each_and_the_plots(tiny_service, tin
     assert all(r["completed"] == N and r["output_tokens"] == N * OUT for r in result["runs"])
     for name in ("latency_cdf.png", "sweep.png"):
         assert (tmp_path / "plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_webhook_mode_measures_submit_to_webhook(tmp_path: Path, services_redis, tiny_model_dir: Path,  # type: ignore[no-untyped-def]
+                                                 keys_file: Path) -> None:
+    """--jobs-mode webhook: the client's own receiver on 127.0.0.1 gets every job's `completed`
+    webhook (delivered by a real webhook process), and the latency is reported per request."""
+    service = start_service(tmp_path, services_redis.url, {
+        "CONVEYOR_MODEL": str(tiny_model_dir), "CONVEYOR_API_KEYS_FILE": str(keys_file),
+        "CONVEYOR_KV_CACHE_MEMORY": "16MiB", "CONVEYOR_WEBHOOK_SECRETS": f"alice={ALICE_SECRET}",
+        "CONVEYOR_WEBHOOK_ALLOW": "127.0.0.0/8"}, workers=1, webhook_workers=1)
+    try:
+        wait_ready(service)
+        (run,) = bench(service, tiny_model_dir, tmp_path / "r.json", "--backend", "jobs",
+                       "--jobs-mode", "webhook", "--timeout", "120")["runs"]
+    finally:
+        stop_service(service)
+    assert (run["completed"], run["failed"], run["output_tokens"]) == (N, 0, N * OUT)
+    assert 0 < run["webhook_latency_ms"]["p50"] <= run["webhook_latency_ms"]["p99"]
