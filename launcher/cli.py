@@ -6,6 +6,7 @@
     conveyor webhooks           one webhook delivery process (an RQ worker with its scheduler)
     conveyor model convert      convert the model once (GGUF → safetensors cache)
     conveyor model info         show the model's shape, vocabulary and EOS tokens
+    conveyor bench              load a server over HTTP (OpenAI, TGI, /v1/jobs): latency, throughput, plots
 
 Every setting is a flag here and an environment variable (CONVEYOR_<NAME>, and REDIS_URL).
 """
@@ -96,11 +97,19 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("model_command", choices=["convert", "info"])
     for p in (serve, api, worker, webhooks, model):
         add_settings_flags(p)
+    from bench.loadgen.cli import add_arguments as add_bench_arguments
+
+    add_bench_arguments(sub.add_parser("bench", help="load a server over HTTP (OpenAI, TGI or /v1/jobs), "
+                                                     "report latency and throughput (bench/README.md)"))
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "bench":  # a client: no settings of its own
+        from bench.loadgen.cli import main as bench_main
+
+        return bench_main(args)
     settings = settings_from(args)
     setup_logging(settings.log_level, settings.log_format, args.command)
     for name in ("max_waiting_tokens", "waiting_served_ratio"):

@@ -170,8 +170,9 @@ class Settings(BaseSettings):
         default=86400, ge=1, description="Seconds an Idempotency-Key keeps answering with its job."
     )
     sse_keepalive_s: float = Field(
-        default=15.0, gt=0,
-        description="Seconds without an event before an SSE stream gets a `: keep-alive` comment.",
+        default=15.0, ge=0,
+        description="Seconds without an event before an SSE stream gets a `: keep-alive` comment; 0: "
+                    "never (for clients that choke on a lone comment, e.g. `vllm bench serve`).",
     )
 
     # --- batches (OpenAI's Batch API: /v1/files, /v1/batches) ------------------------------

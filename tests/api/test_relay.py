@@ -167,3 +167,31 @@ async def test_a_final_event_written_between_the_backlogs_two_reads_is_delivered
     redis.xrange = xrange_then_the_job_ends
     backlog = await relay.backlog("j-race", -1)
     assert raced and [e.index for e in backlog.events] == [0, 1, 2] and not backlog.ended
+
+
+async def test_keepalives_off_with_zero_and_on_otherwise(redis) -> None:  # type: ignore[no-untyped-def]
+    """sse_keepalive_s=0 (for clients such as `vllm bench serve` that choke on a lone comment): a silent
+    stream yields no keep-alive pause, while a relay at 0.05 s yields some in the same silence."""
+    publisher = worker_publisher(redis)
+    off, on = Relay(redis, KEYS, keepalive_s=0), Relay(redis, KEYS, keepalive_s=0.05)
+    await off.start()
+    await on.start()
+    try:
+        job = await owned(redis, "j-ka")
+
+        async def raw(relay: Relay, into: list[JobEvent | None]) -> None:
+            async for item in relay.events("j-ka"):
+                into.append(item)
+
+        silent_off: list[JobEvent | None] = []
+        silent_on: list[JobEvent | None] = []
+        readers = [asyncio.create_task(raw(off, silent_off)), asyncio.create_task(raw(on, silent_on))]
+        await wait_until(lambda: off.subscribed("j-ka") and on.subscribed("j-ka"))
+        await wait_until(lambda: silent_on.count(None) >= 3)  # the silence lasted 3 keep-alive intervals
+        await publisher.publish([(job, token_event(0, final=True))])
+        await asyncio.wait_for(asyncio.gather(*readers), 10)
+        assert [e.index for e in silent_off if e is not None] == [0]
+        assert None not in silent_off
+    finally:
+        await off.stop()
+        await on.stop()

@@ -27,3 +27,13 @@ def test_readme_settings_table_lists_every_setting_and_no_other() -> None:
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     flags = set(re.findall(r"^\| `--([a-z0-9-]+)`", readme, flags=re.MULTILINE))
     assert flags == {name.replace("_", "-") for name in Settings.model_fields}
+
+
+def test_bench_help_explains_itself(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["bench", "--help"])
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for words in ("--base-url", "--backend", "--sweep-rates", "--slo", "--plot-dir", "vllm bench serve",
+                  "pip install 'conveyor[bench]'", "ttft=2s,tpot=200ms", "--max-concurrency", "--jobs-mode"):
+        assert words in text

@@ -1,0 +1,42 @@
+"""TGI-compatible streaming: POST /generate_stream; one token per event (`token`, and the last
+event's `details.generated_tokens` when the server sends details). TGI has no ignore_eos: outputs may end
+early at EOS, and the figures count the tokens that came."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+
+from bench.loadgen.options import Options
+from bench.loadgen.record import Record
+from bench.loadgen.sse import check_status, events
+from bench.loadgen.workloads import Request
+
+
+def body(req: Request, opts: Options) -> dict[str, Any]:
+    params: dict[str, Any] = {"max_new_tokens": req.output_len, "details": True, **req.extra}
+    if opts.temperature > 0:
+        params.update(do_sample=True, temperature=opts.temperature)
+    prompt = req.prompt if isinstance(req.prompt, str) else " ".join(map(str, req.prompt))
+    return {"inputs": prompt, "parameters": params}
+
+
+async def send(client: httpx.AsyncClient, req: Request, opts: Options, rec: Record) -> None:
+    tokens = 0
+    rec.start()
+    async with client.stream("POST", opts.base_url + "/generate_stream", json=body(req, opts),
+                             headers=opts.headers) as r:
+        if (kind := await check_status(r)) is not None:
+            return rec.fail(kind, r.text)
+        async for _event, data in events(r):
+            payload = json.loads(data)
+            if "error" in payload:
+                return rec.fail("stream_error", data)
+            if payload.get("token") is not None:
+                rec.chunk()
+                tokens += 1
+            if details := payload.get("details"):
+                tokens = details.get("generated_tokens", tokens)
+    rec.finish(tokens)
