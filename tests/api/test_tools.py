@@ -108,3 +108,22 @@ def test_tool_history_in_the_input_is_accepted(tiny_service) -> None:  # type: i
                {"role": "tool", "tool_call_id": "call_1", "content": '{"forecast": "sun"}'}]
     choice = chat(tiny_service, messages=history, tool_choice=NAMED, seed=4, temperature=1.0)["choices"][0]
     check_call("get_weather", choice["message"]["tool_calls"][0]["function"]["arguments"])
+
+
+def test_openai_client_reassembles_a_streamed_call_and_reads_json_schema_output(tiny_service) -> None:  # type: ignore[no-untyped-def]
+    import openai
+
+    c = openai.OpenAI(base_url=tiny_service.base_url + "/v1", api_key="key-alice", max_retries=0, timeout=60)
+    arguments, names, reason = "", [], None
+    for chunk in c.chat.completions.create(model="tiny", messages=MSG, tools=TOOLS, tool_choice="required",  # type: ignore[call-overload]
+                                           stream=True, seed=9, max_tokens=200, parallel_tool_calls=False):
+        choice = chunk.choices[0]
+        reason = choice.finish_reason or reason
+        for delta in choice.delta.tool_calls or []:
+            names += [delta.function.name] if delta.function and delta.function.name else []
+            arguments += delta.function.arguments or "" if delta.function else ""
+    assert reason == "tool_calls" and len(names) == 1
+    check_call(names[0], arguments)
+    whole = c.chat.completions.create(model="tiny", messages=MSG, seed=9, max_tokens=200, response_format={
+        "type": "json_schema", "json_schema": {"name": "w", "schema": WEATHER, "strict": True}})
+    jsonschema.validate(json.loads(whole.choices[0].message.content or ""), WEATHER)
