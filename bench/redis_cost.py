@@ -161,6 +161,11 @@ def main() -> int:
             finally:
                 server.stop()
         print_capacity(runs, load)
+        for run in runs:
+            if run.lost or run.bad_events:  # the workers' logs say why
+                print(f"\n{run.workers} worker(s): lost {run.lost}, bad indices {run.bad_events}")
+                for log in sorted(tmp.glob("*.log")):
+                    print(f"--- {log.name}\n{log.read_text()[-2000:]}")
     return 1 if any(run.lost or run.bad_events for run in runs) else 0
 
 

@@ -107,7 +107,7 @@ class Run:
     cost: Counters  # the workload (idle cost included for its duration)
     idle: Counters  # the same workers over IDLE_S with nothing to do
     owners: dict[str, str] = field(default_factory=dict)  # job id → the worker that ran it
-    lost: list[str] = field(default_factory=list)  # jobs not succeeded
+    lost: list[str] = field(default_factory=list)  # jobs not succeeded: 'id (status)'
     bad_events: dict[str, list[int]] = field(default_factory=dict)  # job id → indices if not 0..n-1
 
 
@@ -244,7 +244,7 @@ async def _check(redis: Redis, keys: Keys, specs: list[JobSpec], tokens: int, ru
     for spec in specs:
         record = await redis.hgetall(keys.job(spec.id))
         if record.get(RecordField.STATUS) != JobStatus.SUCCEEDED.value:
-            run.lost.append(spec.id)
+            run.lost.append(f"{spec.id} ({record.get(RecordField.STATUS, 'no record')})")
             continue
         run.owners[spec.id] = record[RecordField.WORKER]
         entries = await redis.xrange(keys.events(spec.id))
