@@ -172,10 +172,9 @@ async def requeue_dead_letter(
         RecordField.STATUS: JobStatus.QUEUED.value, RecordField.SPEC: payload,
         RecordField.TENANT: spec.tenant, RecordField.CREATED_AT: spec.created_at,
     })
-    ctx.jobs.enqueue(pipe, spec, payload)
     ctx.jobs.tenants.add(pipe, spec)
     pipe.xdel(keys.dead_letter_stream, entry_id)
-    await pipe.execute()
+    await ctx.jobs.enqueue_after(pipe, spec, payload)  # the record before the entry, also on a cluster
     return JobAccepted(id=spec.id, status=JobStatus.QUEUED, urls=JobUrls.of(spec.id))
 
 

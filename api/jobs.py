@@ -16,7 +16,7 @@ from api.admission import WRITE_GRACE_S, Admission
 from api.errors import Overloaded, ValidationError
 from api.metrics import ApiMetrics
 from api.tenants import TenantIndex
-from redisconn.live import live_script
+from redisconn.live import cluster_of, live_script
 from schemas.job import JobEvent, JobResult, JobSpec, JobStatus, RecordField
 from schemas.keys import WORKER_GROUP, Keys, event_entry_id
 from schemas.queue import QueuePlace, ensure_group
@@ -144,7 +144,11 @@ class JobStore:
 
     async def _write(self, spec: JobSpec) -> None:
         # Record first, then the stream entry: a worker never reads a job without its record. Not a
-        # MULTI: the keys live in different slots on Redis Cluster.
+        # MULTI: the keys live in different slots on Redis Cluster. There a pipeline is split by node
+        # and sent to the nodes at once, so the order holds only within a node: the record (and the
+        # tenant index) is written first, the entry after it (one more round trip), else a worker can
+        # read the entry before the record exists and drop the job as gone (bench/redis_cost.py
+        # --cluster lost such jobs).
         pipe = self.redis.pipeline(transaction=False)
         payload = spec.model_dump_json(exclude_none=True)
         pipe.hset(
@@ -156,8 +160,16 @@ class JobStore:
                 RecordField.CREATED_AT: spec.created_at,
             },
         )
-        self.enqueue(pipe, spec, payload)
         self.tenants.add(pipe, spec)
+        await self.enqueue_after(pipe, spec, payload)
+
+    async def enqueue_after(self, pipe: Pipeline, spec: JobSpec, payload: str) -> None:
+        """Runs `pipe` (the job's record writes), then the job's stream entry after it: in the same
+        pipeline on one node (it keeps the order), in a pipeline of its own on a cluster (not)."""
+        if cluster_of(self.redis):
+            await pipe.execute()
+            pipe = self.redis.pipeline(transaction=False)
+        self.enqueue(pipe, spec, payload)
         await pipe.execute()
 
     async def _claim(self, idem: str, claim: str, fingerprint: str) -> str | None:

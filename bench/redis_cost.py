@@ -3,6 +3,7 @@
     .venv/bin/python bench/redis_cost.py                     # 48 jobs × 64 tokens, 1, 2, 3 workers
     .venv/bin/python bench/redis_cost.py --jobs 96 --tokens 128 --workers 1,2,3 --load-seconds 15
     .venv/bin/python bench/redis_cost.py --redis-url redis://host:6379/0   # an existing Redis
+    .venv/bin/python bench/redis_cost.py --cluster --jobs-shards 3   # a fresh 3-node cluster per run
 
 (1) A fixed workload (the tiny random Llama of the tests, so the engine is never the bottleneck;
     N jobs × M tokens, greedy, EOS ignored) through 1, 2 and 3 worker processes, each run on a
@@ -14,8 +15,11 @@
     CPU second / commands per token; an N-shard cluster scaled by N, an upper bound.
 
 --redis-url: runs on that Redis (its other clients' traffic is counted too); otherwise a fresh
-valkey-server per run. --cluster: Redis Cluster mode, only where the build has a `redis_cluster`
-setting (the cluster branch); without one the bench says so and stops.
+valkey-server per run. --cluster: Redis Cluster mode: a fresh 3-node cluster on loopback per run
+(launcher/redis_cluster.LocalCluster; or --redis-url listing a cluster's nodes), the workers run with
+CONVEYOR_REDIS_CLUSTER=true, the counters are summed over the nodes, and the op-rate load runs on a
+cluster too (its commands per server CPU second: per node CPU, comparable with a single node's).
+--jobs-shards: the queue's shards (CONVEYOR_JOBS_SHARDS), e.g. one per node on a cluster.
 """
 
 from __future__ import annotations
@@ -30,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.redis_fleet import Run, run_workload  # noqa: E402
 from bench.redis_load import Load, measure  # noqa: E402
+from launcher.redis_cluster import LocalCluster  # noqa: E402
 from launcher.redis_server import EmbeddedRedis  # noqa: E402
-from schemas.settings import Settings  # noqa: E402
 
 SHARDS = (1, 3, 6, 12)
 
@@ -43,28 +47,23 @@ def tiny_model(where: Path) -> Path:
     return write_tiny_llama(where / "tiny-llama", resolve_model(None).path)
 
 
-def cluster_env(cluster: bool) -> dict[str, str]:
-    if not cluster:
-        return {}
-    if "redis_cluster" not in Settings.model_fields:
-        raise SystemExit(
-            "--cluster: this build has no `redis_cluster` setting (Redis Cluster mode comes "
-            "with the cluster branch); run without --cluster, or on a build that has it"
-        )
-    return {"CONVEYOR_REDIS_CLUSTER": "true"}
+def fresh_server(args: argparse.Namespace, where: Path) -> EmbeddedRedis | LocalCluster:
+    """A fresh valkey-server, or with --cluster a fresh 3-node cluster on loopback."""
+    return LocalCluster(where).start() if args.cluster else EmbeddedRedis(where).start()
 
 
 def one_run(args: argparse.Namespace, workers: int, model: Path, tmp: Path) -> Run:
-    env = {**cluster_env(args.cluster), "CONVEYOR_MAX_BATCH_SIZE": str(args.max_batch_size)}
+    env = {"CONVEYOR_MAX_BATCH_SIZE": str(args.max_batch_size)}
+
+    def run(url: str) -> Run:
+        return asyncio.run(run_workload(url, model, tmp, workers, args.jobs, args.tokens, args.prompt,
+                                        env, cluster=args.cluster, jobs_shards=args.jobs_shards))
+
     if args.redis_url:
-        return asyncio.run(
-            run_workload(args.redis_url, model, tmp, workers, args.jobs, args.tokens, args.prompt, env)
-        )
-    server = EmbeddedRedis(tmp / f"redis-{workers}").start()
+        return run(args.redis_url)
+    server = fresh_server(args, tmp / f"redis-{workers}")
     try:
-        return asyncio.run(
-            run_workload(server.url, model, tmp, workers, args.jobs, args.tokens, args.prompt, env)
-        )
+        return run(server.url)
     finally:
         server.stop()
 
@@ -129,7 +128,9 @@ def main() -> int:
     parser.add_argument(
         "--redis-url", default=None, help="an existing Redis (default: a fresh valkey-server)"
     )
-    parser.add_argument("--cluster", action="store_true", help="Redis Cluster mode (needs `redis_cluster`)")
+    parser.add_argument("--cluster", action="store_true",
+                        help="Redis Cluster mode: a fresh 3-node cluster per run (or --redis-url's)")
+    parser.add_argument("--jobs-shards", type=int, default=1, help="shards of the jobs queue")
     parser.add_argument(
         "--max-batch-size",
         type=int,
@@ -140,7 +141,6 @@ def main() -> int:
     parser.add_argument("--load-seconds", type=float, default=10.0, help="length of the op-rate load")
     parser.add_argument("--load-clients", type=int, default=3, help="client processes of the op-rate load")
     args = parser.parse_args()
-    cluster_env(args.cluster)
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         model = tiny_model(tmp)
@@ -153,7 +153,7 @@ def main() -> int:
                 args.redis_url, args.load_seconds, args.load_clients, batch, args.tokens, args.prompt
             )
         else:
-            server = EmbeddedRedis(tmp / "redis-load").start()
+            server = fresh_server(args, tmp / "redis-load")
             try:
                 load = measure(
                     server.url, args.load_seconds, args.load_clients, batch, args.tokens, args.prompt
@@ -161,6 +161,11 @@ def main() -> int:
             finally:
                 server.stop()
         print_capacity(runs, load)
+        for run in runs:
+            if run.lost or run.bad_events:  # the workers' logs say why
+                print(f"\n{run.workers} worker(s): lost {run.lost}, bad indices {run.bad_events}")
+                for log in sorted(tmp.glob("*.log")):
+                    print(f"--- {log.name}\n{log.read_text()[-2000:]}")
     return 1 if any(run.lost or run.bad_events for run in runs) else 0
 
 

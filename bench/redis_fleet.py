@@ -8,7 +8,9 @@ reaches no subscriber). The counters are the server's own: `INFO commandstats` (
 command), `INFO stats` total_commands_processed, total_net_input_bytes / total_net_output_bytes,
 and total_reads_processed: the read events the server handled, one per request the client sent
 (a pipeline is one), i.e. the round trips. The bench's own polling (XLEN) and INFO calls are counted
-on its side and taken out.
+on its side and taken out. On a cluster (`cluster`, REDIS_URL listing the startup nodes) the bench talks
+through the processes' own client factory (redisconn.client.make_client) and the counters are summed
+over every node.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 from redis.asyncio import Redis
 
 from api.jobs import JobStore
+from redisconn.client import make_client, split_url
 from schemas.job import JobEvent, JobSpec, JobStatus, RecordField, SamplingSpec, StoppingSpec
 from schemas.keys import Keys
 from schemas.settings import Settings
@@ -70,22 +73,29 @@ class Counters:
         )
 
 
-async def read_counters(redis: Redis) -> Counters:
-    """Three INFO calls (counted by the next read; `without` drops them)."""
-    stats = await redis.info("stats")
-    cpu = await redis.info("cpu")
-    commandstats = await redis.info("commandstats")
-    calls = {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in commandstats.items()}
-    usec = {k.removeprefix("cmdstat_"): int(v["usec"]) for k, v in commandstats.items()}
-    return Counters(
-        calls,
-        usec,
-        int(stats["total_commands_processed"]),
-        int(stats["total_net_input_bytes"]),
-        int(stats["total_net_output_bytes"]),
-        int(stats["total_reads_processed"]),
-        float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]),
-    )
+def node_urls(url: str) -> list[str]:
+    """One URL per server of `url` (a cluster's REDIS_URL lists its nodes), for their own INFO."""
+    first, nodes = split_url(url)
+    return [first] if len(nodes) == 1 else [f"redis://{host}:{port}/0" for host, port in nodes]
+
+
+async def read_counters(nodes: list[Redis]) -> Counters:
+    """Three INFO calls per node (counted by the next read; `without` drops them), summed over nodes."""
+    total = Counters({}, {}, 0, 0, 0, 0, 0.0)
+    for redis in nodes:
+        stats = await redis.info("stats")
+        cpu = await redis.info("cpu")
+        commandstats = await redis.info("commandstats")
+        for k, v in commandstats.items():
+            name = k.removeprefix("cmdstat_")
+            total.calls[name] = total.calls.get(name, 0) + int(v["calls"])
+            total.usec[name] = total.usec.get(name, 0) + int(v["usec"])
+        total.commands += int(stats["total_commands_processed"])
+        total.bytes_in += int(stats["total_net_input_bytes"])
+        total.bytes_out += int(stats["total_net_output_bytes"])
+        total.round_trips += int(stats["total_reads_processed"])
+        total.cpu_s += float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+    return total
 
 
 @dataclass
@@ -97,7 +107,7 @@ class Run:
     cost: Counters  # the workload (idle cost included for its duration)
     idle: Counters  # the same workers over IDLE_S with nothing to do
     owners: dict[str, str] = field(default_factory=dict)  # job id → the worker that ran it
-    lost: list[str] = field(default_factory=list)  # jobs not succeeded
+    lost: list[str] = field(default_factory=list)  # jobs not succeeded: 'id (status)'
     bad_events: dict[str, list[int]] = field(default_factory=dict)  # job id → indices if not 0..n-1
 
 
@@ -136,19 +146,28 @@ async def run_workload(
     prompt: int = 16,
     env: dict[str, str] | None = None,
     timeout: float = 600,
+    cluster: bool = False,
+    jobs_shards: int = 1,
 ) -> Run:
+    """`cluster`: REDIS_URL is a cluster's (its workers get CONVEYOR_REDIS_CLUSTER=true);
+    `jobs_shards`: the queue's shards (CONVEYOR_JOBS_SHARDS), the same for the bench and workers."""
     prefix = f"cost{uuid.uuid4().hex[:8]}"
-    keys = Keys(prefix)
-    settings = Settings(redis_url=redis_url, key_prefix=prefix, max_concurrent_requests=1_000_000)
+    keys = Keys(prefix, jobs_shards)
+    settings = Settings(redis_url=redis_url, key_prefix=prefix, max_concurrent_requests=1_000_000,
+                        redis_cluster=cluster, jobs_shards=jobs_shards)
+    env = {**(env or {}), "CONVEYOR_REDIS_CLUSTER": str(cluster).lower(),
+           "CONVEYOR_JOBS_SHARDS": str(jobs_shards)}
+    own = len(node_urls(redis_url))  # INFO calls come 3 per node
+    nodes = [Redis.from_url(url) for url in node_urls(redis_url)]
     procs: list[subprocess.Popen[bytes]] = []
-    async with Redis.from_url(redis_url, decode_responses=True) as redis:
+    async with make_client(settings, decode_responses=True) as redis:
         try:
             for i in range(workers):
                 log = open(log_dir / f"{prefix}-w{i}.log", "ab")  # noqa: SIM115 - closed with the process
                 procs.append(
                     subprocess.Popen(
                         [sys.executable, "-m", "launcher.cli", "worker", "--worker-id", f"w{i}"],
-                        env=worker_env(redis_url, prefix, model_dir, env or {}),
+                        env=worker_env(redis_url, prefix, model_dir, env),
                         cwd=REPO,
                         stdout=log,
                         stderr=log,
@@ -160,15 +179,15 @@ async def run_workload(
             await _run_jobs(
                 redis, keys, settings, [new_spec(prompt, 1, -1 - i) for i in range(jobs)], timeout
             )
-            start = await read_counters(redis)
+            start = await read_counters(nodes)
             await asyncio.sleep(IDLE_S)
-            idle = (await read_counters(redis) - start).without({"info": 3})
+            idle = (await read_counters(nodes) - start).without({"info": 3 * own})
             specs = [new_spec(prompt, tokens, i) for i in range(jobs)]
-            before = await read_counters(redis)
+            before = await read_counters(nodes)
             t0 = time.monotonic()
             polls = await _run_jobs(redis, keys, settings, specs, timeout)
             seconds = time.monotonic() - t0
-            cost = (await read_counters(redis) - before).without({"info": 3, "xlen": polls})
+            cost = (await read_counters(nodes) - before).without({"info": 3 * own, "xlen": polls})
             run = Run(workers, jobs, jobs * tokens, seconds, cost, idle)
             await _check(redis, keys, specs, tokens, run)
             return run
@@ -182,6 +201,8 @@ async def run_workload(
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
+            for node in nodes:
+                await node.aclose()
 
 
 async def _wait_heartbeats(
@@ -200,14 +221,18 @@ async def _run_jobs(
     redis: Redis, keys: Keys, settings: Settings, specs: list[JobSpec], timeout: float
 ) -> int:
     """Submits every job at once, then polls until the workers acknowledged all of them (an
-    acknowledged entry is deleted from the stream); returns the XLEN polls made."""
+    acknowledged entry is deleted from its stream: the XLEN of every jobs stream sums to 0);
+    returns the XLEN commands sent (one round trip each)."""
     store = JobStore(redis, keys, settings)
     await asyncio.gather(*(store.submit(spec) for spec in specs))
     deadline = time.monotonic() + timeout
     polls = 0
     while True:
-        polls += 1
-        if await redis.xlen(keys.jobs_stream) == 0:
+        queued = 0
+        for stream in keys.jobs_streams:  # one by one: one command, one round trip each
+            polls += 1
+            queued += await redis.xlen(stream)
+        if queued == 0:
             return polls
         if time.monotonic() > deadline:
             raise RuntimeError(f"jobs not all done within {timeout}s")
@@ -219,7 +244,7 @@ async def _check(redis: Redis, keys: Keys, specs: list[JobSpec], tokens: int, ru
     for spec in specs:
         record = await redis.hgetall(keys.job(spec.id))
         if record.get(RecordField.STATUS) != JobStatus.SUCCEEDED.value:
-            run.lost.append(spec.id)
+            run.lost.append(f"{spec.id} ({record.get(RecordField.STATUS, 'no record')})")
             continue
         run.owners[spec.id] = record[RecordField.WORKER]
         entries = await redis.xrange(keys.events(spec.id))

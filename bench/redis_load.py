@@ -1,9 +1,12 @@
 """The single-node op rate of the job path's command mix, with redis-py pipelines (valkey-benchmark
 is not shipped): client processes replay what the api and a worker send for each job, with the
-real code and scripts: JobStore.submit (admission script, record, stream entry), XREADGROUP, the
-worker's TAKE script, then per step one pipeline of the APPEND script (per token: HGET + XADD +
-PUBLISH inside it) for a batch of jobs, the final APPEND (record, TTLs), XACK + XDEL. Heartbeats and
-lease renewals (time-based, a few commands a second per worker) are left out.
+real code and scripts: JobStore.submit (admission script, record, entry on the job's stream:
+Keys.stream_of), XREADGROUP of those streams (one per shard), the worker's TAKE script, then per
+step one pipeline of the APPEND script (per token: HGET + XADD + PUBLISH inside it, SPUBLISH on a
+cluster) for a batch of jobs, the final APPEND (record, TTLs), XACK + XDEL on each job's stream.
+The client is the processes' own (redisconn.client.make_client), so a cluster's URL (its nodes
+listed) runs the load on the cluster, the counters summed over its nodes. Heartbeats and lease
+renewals (time-based, a few commands a second per worker) are left out.
 
 The clients here share the machine with the server, so the server may not reach 100 % of a core:
 the rate at saturation is the measured one scaled by the server's CPU (INFO cpu), commands per
@@ -23,8 +26,11 @@ from multiprocessing.synchronize import Event
 from redis.asyncio import Redis
 
 from api.jobs import JobStore
+from bench.redis_fleet import node_urls
+from redisconn.client import make_client
 from schemas.job import EventToken, JobEvent, JobResult, JobSpec, JobStatus, StoppingSpec, Usage
 from schemas.keys import WORKER_GROUP, Keys
+from schemas.queue import ensure_group
 from schemas.settings import Settings
 from worker.scripts import Scripts
 
@@ -48,12 +54,13 @@ class Load:
 
 async def _client(url: str, seconds: float, batch: int, tokens: int, prompt: int) -> int:
     keys = Keys(f"load{uuid.uuid4().hex[:8]}")
-    settings = Settings(redis_url=url, key_prefix=keys.prefix, max_concurrent_requests=1_000_000_000)
+    settings = Settings(redis_url=url, key_prefix=keys.prefix, max_concurrent_requests=1_000_000_000,
+                        redis_cluster=len(node_urls(url)) > 1)
     done = 0
-    async with Redis.from_url(url, decode_responses=True) as redis:
+    async with make_client(settings, decode_responses=True) as redis:
         store, scripts = JobStore(redis, keys, settings), Scripts(redis)
         await scripts.load()
-        await redis.xgroup_create(keys.jobs_stream, WORKER_GROUP, id="0", mkstream=True)
+        await ensure_group(redis, keys)
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             specs = [
@@ -66,8 +73,17 @@ async def _client(url: str, seconds: float, batch: int, tokens: int, prompt: int
                 for _ in range(batch)
             ]
             await asyncio.gather(*(store.submit(spec) for spec in specs))
-            read = await redis.xreadgroup(WORKER_GROUP, "load", {keys.jobs_stream: ">"}, count=batch)
-            entries = [entry_id for _, stream in read for entry_id, _ in stream]
+            # The streams the jobs went to, read as a worker does: one XREADGROUP per shard (a
+            # shard's bands share its slot).
+            by_shard: dict[int, set[str]] = {}
+            for spec in specs:
+                stream = keys.stream_of(spec.id, spec.priority, settings.priority_bands)
+                by_shard.setdefault(keys.shard_of(spec.id), set()).add(stream)
+            entries: dict[str, list[str]] = {}
+            for streams in by_shard.values():
+                read = await redis.xreadgroup(WORKER_GROUP, "load", dict.fromkeys(streams, ">"), count=batch)
+                for stream, got in read:
+                    entries.setdefault(stream, []).extend(entry_id for entry_id, _ in got)
             now = time.time()
             pipe = redis.pipeline(transaction=False)
             for spec in specs:
@@ -114,8 +130,9 @@ async def _client(url: str, seconds: float, batch: int, tokens: int, prompt: int
                     )
                 await pipe.execute()
             pipe = redis.pipeline(transaction=False)
-            pipe.xack(keys.jobs_stream, WORKER_GROUP, *entries)
-            pipe.xdel(keys.jobs_stream, *entries)
+            for stream, ids in entries.items():
+                pipe.xack(stream, WORKER_GROUP, *ids)
+                pipe.xdel(stream, *ids)
             await pipe.execute()
             done += batch * tokens
     return done
@@ -129,9 +146,14 @@ def _run_client(args: tuple[str, float, int, int, int], ready: Event, start: Eve
 
 
 async def _server(url: str) -> tuple[int, float]:
-    async with Redis.from_url(url) as redis:
-        stats, cpu = await redis.info("stats"), await redis.info("cpu")
-    return int(stats["total_commands_processed"]), float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+    """(commands, CPU seconds) of the server, summed over a cluster's nodes."""
+    commands, cpu_s = 0, 0.0
+    for node in node_urls(url):
+        async with Redis.from_url(node) as redis:
+            stats, cpu = await redis.info("stats"), await redis.info("cpu")
+        commands += int(stats["total_commands_processed"])
+        cpu_s += float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+    return commands, cpu_s
 
 
 def measure(
@@ -159,4 +181,5 @@ def measure(
     for proc in procs:
         proc.join()
     commands1, cpu1 = asyncio.run(_server(url))
-    return Load(elapsed, tokens_done, commands1 - commands0 - 2, cpu1 - cpu0, batch)
+    own = 2 * len(node_urls(url))  # the first read's INFO calls, counted by the second
+    return Load(elapsed, tokens_done, commands1 - commands0 - own, cpu1 - cpu0, batch)

@@ -117,7 +117,10 @@ def test_the_scaler_watches_the_jobs_stream_and_group() -> None:
     scaler = find(docs, "ScaledObject", "conveyor-worker")["spec"]
     assert scaler["scaleTargetRef"]["name"] == "conveyor-worker"
     streams = {t["metadata"]["stream"] for t in scaler["triggers"]}
-    assert streams == {Keys(prefix).jobs_stream}  # one stream today: one trigger pair per stream
+    assert streams == set(Keys(prefix).jobs_streams)  # the default layout: 1 shard x 4 bands
+    for stream in streams:  # a lag and a pending trigger per stream
+        kinds = [set(t["metadata"]) for t in scaler["triggers"] if t["metadata"]["stream"] == stream]
+        assert any("lagCount" in k for k in kinds) and any("pendingEntriesCount" in k for k in kinds)
     for trigger in scaler["triggers"]:
         assert trigger["type"] == "redis-streams"
         assert trigger["metadata"]["consumerGroup"] == WORKER_GROUP
