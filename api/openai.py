@@ -18,32 +18,33 @@ from api.choices import best, events_of
 from api.context import ApiContext
 from api.errors import ApiError, NotFound
 from api.fanout import collect_all, follow_all, submit_all
+from api.openai_shapes import (
+    chat_choice,
+    chat_logprobs,
+    completion_logprobs,
+    finish_reason,
+    summed_usage,
+    text_of,
+    usage,
+)
 from api.openai_validation import chat_job, check_stream_options, completion_jobs
 from api.openapi import BODY_ERRORS, error_responses, event_stream
-from api.prompt_details import echo_logprobs, joined, prompt_of
+from api.prompt_details import prompt_of
 from api.sse import DONE, KEEP_ALIVE, failure, sse, stream, succeeded
 from api.tool_stream import ToolStream
-from api.tools import mode, parse
-from schemas.job import ChoiceResult, EventToken, JobEvent, JobResult, JobSpec, JobStatus, PromptEventToken
+from api.tools import mode
+from schemas.job import ChoiceResult, JobEvent, JobResult, JobSpec, JobStatus
 from schemas.openai import (
-    AssistantMessage,
-    ChatChoice,
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionRequest,
-    ChoiceLogprobs,
     ChunkChoice,
     ChunkDelta,
     Completion,
     CompletionChoice,
-    CompletionLogprobs,
     CompletionRequest,
-    CompletionUsage,
     Model,
     ModelList,
-    PromptTokensDetails,
-    TokenLogprob,
-    TopLogprob,
 )
 
 router = APIRouter(prefix="/v1", tags=["OpenAI"], dependencies=[Depends(unicode_body)])
@@ -64,78 +65,9 @@ def error_event(error: ApiError) -> str:
     return sse(json.dumps(error.openai_body()))
 
 
-def finish_reason(result: JobResult | ChoiceResult) -> str:
-    return "length" if result.finish_reason == "length" else "stop"
-
-
-def usage(result: JobResult, spec: JobSpec) -> CompletionUsage:
-    u = result.usage
-    prompt, completion = (u.prompt_tokens, u.completion_tokens) if u else (len(spec.prompt_ids), 0)
-    cached = u.cached_tokens if u else 0
-    return CompletionUsage(prompt_tokens=prompt, completion_tokens=completion,
-                           total_tokens=prompt + completion,
-                           prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
-
-
-def _text(event: JobEvent) -> str:
-    t = event.token
-    return t.text if t is not None and not t.special else ""
-
-
-def _top(t: EventToken) -> TopLogprob:
-    return TopLogprob(token=t.text, logprob=t.logprob if t.logprob is not None else 0.0,
-                      bytes=list(t.text.encode()))
-
-
-def _chat_logprobs(events: list[JobEvent]) -> ChoiceLogprobs:
-    return ChoiceLogprobs(content=[
-        TokenLogprob(**_top(e.token).model_dump(), top_logprobs=[_top(t) for t in e.top_tokens])
-        for e in events if e.token is not None and not e.token.special
-    ])
-
-
-def _completion_logprobs(events: list[JobEvent], offset: int, echo: bool = False,
-                         prompt: list[PromptEventToken] | None = None) -> CompletionLogprobs:
-    """One entry per token that shows text, so `tokens` join to the choice's text. A token whose
-    text is empty (the one completing a stop sequence, one held back for a stop sequence or only
-    part of a character) has no entry: its text comes with a later token's. Usage still counts it.
-    With `echo`, the echoed prompt's entries come first and every generated token has one (special
-    ones too), as vLLM: a scorer (lm-evaluation-harness) counts entries by position."""
-    out = CompletionLogprobs(top_logprobs=[])
-    for e in events:
-        if e.token is None or (not echo and (e.token.special or not e.token.text)):
-            continue
-        out.tokens.append(e.token.text)
-        out.token_logprobs.append(e.token.logprob)
-        out.top_logprobs.append({t.text: t.logprob or 0.0 for t in e.top_tokens})  # type: ignore[union-attr]
-        out.text_offset.append(offset)
-        offset += len(e.token.text)
-    return joined(echo_logprobs(prompt_of(events) if prompt is None else prompt), out) if echo else out
-
-
-def _chat_choice(body: ChatCompletionRequest, i: int, c: ChoiceResult, events: list[JobEvent]) -> ChatChoice:
-    """One choice of a chat answer: its text, or the tool calls parsed from it."""
-    message, reason = AssistantMessage(content=c.generated_text), finish_reason(c)
-    if mode(body) != "none":
-        parsed = parse(body, c.generated_text)
-        message = AssistantMessage(content=parsed.content, tool_calls=parsed.tool_calls or None)
-        reason = "tool_calls" if parsed.tool_calls else reason
-    return ChatChoice(index=i, message=message, logprobs=_chat_logprobs(events) if body.logprobs else None,
-                      finish_reason=reason)  # type: ignore[arg-type]
-
-
 def _head(prefix: str, spec: JobSpec, ctx: ApiContext) -> dict[str, Any]:
     return {"id": f"{prefix}-{spec.id}", "created": int(spec.created_at), "model": ctx.model_id,
             "system_fingerprint": FINGERPRINT}
-
-
-def summed_usage(parts: list[CompletionUsage]) -> CompletionUsage:
-    """The usage of a request of several jobs (one per prompt): the sum of theirs."""
-    cached = sum(p.prompt_tokens_details.cached_tokens for p in parts if p.prompt_tokens_details)
-    return CompletionUsage(prompt_tokens=sum(p.prompt_tokens for p in parts),
-                           completion_tokens=sum(p.completion_tokens for p in parts),
-                           total_tokens=sum(p.total_tokens for p in parts),
-                           prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
 
 
 ChunkModel = type[ChatCompletionChunk] | type[Completion]
@@ -220,16 +152,16 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, tenant
         def choice(i: int, event: JobEvent, result: Ending | None) -> ChunkChoice:
             role: Literal["assistant"] | None = None if i in named else "assistant"
             named.add(i)
-            content: str | None = _text(event)
+            content: str | None = text_of(event)
             calls, tools = None, None
             if mode(body) != "none":
                 tools = tool_streams.setdefault(i, ToolStream(body))
-                content, calls = tools.feed(_text(event), result is not None)
+                content, calls = tools.feed(text_of(event), result is not None)
             reason = finish_reason(result) if result else None
             return ChunkChoice(
                 index=i,
                 delta=ChunkDelta(role=role, content=content, tool_calls=calls),
-                logprobs=_chat_logprobs([event]) if body.logprobs else None,
+                logprobs=chat_logprobs([event]) if body.logprobs else None,
                 finish_reason="tool_calls" if reason and tools and tools.called else reason,  # type: ignore[arg-type]
             )
 
@@ -245,7 +177,7 @@ def chat_answer(ctx: ApiContext, spec: JobSpec, body: ChatCompletionRequest,
     result = succeeded(events[-1])
     return ChatCompletion(
         **_head("chatcmpl", spec, ctx),
-        choices=[_chat_choice(body, i, c, events_of(events, c.index))
+        choices=[chat_choice(body, i, c, events_of(events, c.index))
                  for i, c in enumerate(best(result, spec.n))],
         usage=usage(result, spec),
     )
@@ -268,10 +200,10 @@ async def completions(body: CompletionRequest, request: Request, tenant: str = D
         offsets = [0] * (len(specs) * n)  # text_offset: where each choice's next text starts
 
         def choice(i: int, event: JobEvent, result: Ending | None) -> CompletionChoice:
-            text = echo.pop(i, "") + _text(event)
+            text = echo.pop(i, "") + text_of(event)
             logprobs = None
             if body.logprobs is not None:
-                logprobs = _completion_logprobs([event], offsets[i] + len(text) - len(_text(event)),
+                logprobs = completion_logprobs([event], offsets[i] + len(text) - len(text_of(event)),
                                                 body.echo)
             offsets[i] += len(text)
             return CompletionChoice(
@@ -303,7 +235,7 @@ def completion_answer(ctx: ApiContext, spec: JobSpec, body: CompletionRequest,
         **_head("cmpl", spec, ctx),
         choices=[CompletionChoice(
             index=i, text=prompt_text + c.generated_text,
-            logprobs=_completion_logprobs(events_of(events, c.index), len(prompt_text), body.echo,
+            logprobs=completion_logprobs(events_of(events, c.index), len(prompt_text), body.echo,
                                           prompt_of(events)) if body.logprobs is not None else None,
             finish_reason=finish_reason(c))  # type: ignore[arg-type]
             for i, c in enumerate(best(result, spec.n))],
