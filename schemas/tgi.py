@@ -99,25 +99,24 @@ class PrefillToken(BaseModel):
     logprob: float | None = None
 
 
-class BestOfSequence(BaseModel):
+class SequenceDetails(BaseModel):
+    """What TGI reports of one generated sequence, in `details` and in each `best_of_sequences`."""
+
+    finish_reason: FinishReason
+    generated_tokens: int
+    seed: int | None = None
+    prefill: list[PrefillToken] = Field(default_factory=list)
+    tokens: list[Token] = Field(default_factory=list)
+    top_tokens: list[list[Token]] = Field(default_factory=list)
+
+
+class BestOfSequence(SequenceDetails):
     """One of the other sequences of a `best_of` request (TGI's shape)."""
 
     generated_text: str
-    finish_reason: FinishReason
-    generated_tokens: int
-    seed: int | None = None
-    prefill: list[PrefillToken] = Field(default_factory=list)
-    tokens: list[Token] = Field(default_factory=list)
-    top_tokens: list[list[Token]] = Field(default_factory=list)
 
 
-class Details(BaseModel):
-    finish_reason: FinishReason
-    generated_tokens: int
-    seed: int | None = None
-    prefill: list[PrefillToken] = Field(default_factory=list)
-    tokens: list[Token] = Field(default_factory=list)
-    top_tokens: list[list[Token]] = Field(default_factory=list)
+class Details(SequenceDetails):
     best_of_sequences: list[BestOfSequence] | None = None  # with best_of > 1: the others
 
 
