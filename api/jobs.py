@@ -13,6 +13,7 @@ from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError, ResponseError
 
 from api.admission import WRITE_GRACE_S, Admission
+from api.affinity import Placement
 from api.errors import Overloaded, ValidationError
 from api.metrics import ApiMetrics
 from api.tenants import TenantIndex
@@ -74,6 +75,7 @@ class JobStore:
         self.tracing = tracing
         self.tenants = TenantIndex(redis, keys, settings)
         self.admission = Admission(redis, keys, settings)
+        self.placement = Placement(redis, keys, settings)
         self._end_queued = redis.register_script(live_script(_END_QUEUED, redis))
         self._reclaim = redis.register_script(_RECLAIM)
         self._unclaim = redis.register_script(_UNCLAIM)
@@ -110,9 +112,11 @@ class JobStore:
         return out
 
     def enqueue(self, pipe: Pipeline, spec: JobSpec, payload: str) -> None:
-        """Queues the job's entry on its stream: the shard of its id, the band of its priority."""
-        stream = self.keys.stream_of(spec.id, spec.priority, self.settings.priority_bands)
-        pipe.xadd(stream, {"id": spec.id, "spec": payload})
+        """Queues the job's entry on its stream: the own stream of the worker holding its prompt's
+        prefix (api/affinity.py), else the shared one of its shard (its id's) and band (its priority's)."""
+        fields = {"id": spec.id, "spec": payload}
+        if self.placement.enqueue(pipe, spec, fields) is None:
+            pipe.xadd(self.keys.stream_of(spec.id, spec.priority, self.settings.priority_bands), fields)
 
     async def submit(self, spec: JobSpec, idempotency_key: str | None = None,
                      fingerprint: str = "") -> Submitted:

@@ -25,15 +25,17 @@ from dataclasses import dataclass
 from typing import NewType
 
 from engine.sequence import Sequence
+from schemas.prefix_hash import block_hash
 
 BlockHash = NewType("BlockHash", int)
 HashFn = Callable[[BlockHash | None, tuple[int, ...]], BlockHash]
 
 
 def hash_block(parent: BlockHash | None, token_ids: tuple[int, ...]) -> BlockHash:
-    """Chained hash of one full block. Python's tuple hash is stable within a process, which is all
-    an in-memory cache needs; hits are verified, so collisions are harmless."""
-    return BlockHash(hash((parent, token_ids)))
+    """Chained hash of one full block: schemas/prefix_hash.py's, stable across processes, so the api
+    computes the same chain from token ids to place a job where its prefix is cached. Hits are
+    verified, so collisions are harmless."""
+    return BlockHash(block_hash(parent, token_ids))
 
 
 @dataclass(slots=True)
@@ -235,6 +237,20 @@ class BlockManager:
         seq.block_table.clear()
         seq.num_computed_tokens = 0
         self._chains.pop(seq, None)
+
+    def cached_hashes(self, limit: int) -> list[int]:
+        """Up to `limit` hashes of the prefix cache's blocks, the likeliest to be hit first: those
+        sequences hold now, then free ones, most recently freed first (the last to be evicted)."""
+        out = [h for h, block_id in self._cached.items() if self.blocks[block_id].ref_count > 0][:limit]
+        for block_id in reversed(self._free):  # hashed free blocks sit at the back, unhashed at the front
+            if len(out) >= limit:
+                break
+            block = self.blocks[block_id]
+            if block.hash is None:
+                break
+            if self._cached.get(block.hash) == block_id:
+                out.append(block.hash)
+        return out
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block and the hit statistics. Only when no block is in use (False

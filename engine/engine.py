@@ -305,6 +305,8 @@ class Engine:
             blocks_used=bm.num_used_blocks,
             blocks_free=bm.num_free_blocks,
             prefix_cache_hit_rate=bm.prefix_cache_hit_rate,
+            prefix_cache_queried_tokens=bm.num_queried_tokens,
+            prefix_cache_hit_tokens=bm.num_hit_tokens,
             preemptions=self.scheduler.num_preemptions,
             steps=self._steps,
         )

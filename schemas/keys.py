@@ -61,6 +61,28 @@ class Keys:
         """The stream a job is queued on: its shard's stream of its priority's band."""
         return self.jobs_stream(self.shard_of(job_id), band_of(priority, bands))
 
+    def own_stream(self, shard: int, worker_id: str) -> str:
+        """A worker's own stream in a shard (prefix-affinity placement, schemas/affinity.py): jobs the
+        api placed on it because it holds their prefix; read first by it, by others only once an entry
+        waited affinity_wait_ms. Same hash tag as the shard's bands. No TTL: a worker's streams are
+        deleted by the fleet once it is gone and they are empty (worker/affinity.py)."""
+        return f"{self.prefix}:jobs:{{jobs-{shard}}}:w:{worker_id}"
+
+    def owners(self, shard: int) -> str:
+        """Set: the workers with an own stream in the shard. No TTL: bounded by the fleet (a gone
+        worker leaves it with its empty streams)."""
+        return f"{self.prefix}:jobs:{{jobs-{shard}}}:owners"
+
+    def prefixes(self, worker_id: str) -> str:
+        """String: a worker's prefix-cache summary (schemas/affinity.py); TTL job_lease_ms, rewritten
+        with each heartbeat."""
+        return f"{self.prefix}:prefixes:{worker_id}"
+
+    def untimed(self, key: str) -> bool:
+        """A key documented to have no TTL: the fleet keys, the workers' own streams and the owners."""
+        own = key.startswith(f"{self.prefix}:jobs:{{jobs-") and (":w:" in key or key.endswith(":owners"))
+        return key in self.fleet_keys or own
+
     @property
     def dead_letter_stream(self) -> str:
         """Jobs given up on (delivered more than max_attempts times, or unreadable). No TTL;

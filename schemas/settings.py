@@ -226,6 +226,21 @@ class Settings(BaseSettings):
         description="Every Nth read of a worker starts one band lower (the lower bands in turn), so low "
         "and batch jobs keep moving under a steady stream of higher ones; 0: strictly highest first.",
     )
+    affinity: bool = Field(
+        default=True,
+        description="Prefix-affinity placement: a job whose leading prompt blocks a live worker holds in "
+        "its prefix cache is queued on that worker's own stream (others take it after affinity_wait_ms).",
+    )
+    affinity_wait_ms: int = Field(
+        default=200, ge=1, le=60_000,
+        description="How long a job queued on a worker's own stream waits for that worker before any "
+        "worker may take it (it is full, hung or dead).",
+    )
+    affinity_min_blocks: int = Field(
+        default=4, ge=1,
+        description="Prompt blocks (block_size tokens each) a worker must hold of a job's prefix for the "
+        "job to be placed on it.",
+    )
     drain_timeout: float = Field(
         default=30.0, ge=0,
         description="Seconds a worker keeps running its jobs after SIGTERM/SIGINT (it reads no new "

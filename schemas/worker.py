@@ -20,6 +20,8 @@ class EngineLoad(BaseModel):
     blocks_used: int = 0  # KV blocks held by sequences (cached but free blocks are not counted)
     blocks_free: int = 0
     prefix_cache_hit_rate: float = 0.0
+    prefix_cache_queried_tokens: int = 0  # prompt tokens looked up in the prefix cache (since start)
+    prefix_cache_hit_tokens: int = 0  # of which found there
     preemptions: int = 0
     steps: int = 0
 

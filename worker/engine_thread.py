@@ -43,6 +43,17 @@ class AbortCommand:
 
 
 @dataclass(slots=True)
+class SummaryCommand:
+    """Asks for the prefix cache's block hashes (schemas/affinity.py), taken between two steps."""
+
+    limit: int
+    deliver: Callable[[list[int]], Any]
+
+
+Command = list[AddCommand] | AbortCommand | SummaryCommand | None
+
+
+@dataclass(slots=True)
 class StepOutput:
     events: list[TokenEvent] = field(default_factory=list)
     rejected: list[tuple[str, str]] = field(default_factory=list)  # (request id, why)
@@ -63,7 +74,7 @@ class EngineThread:
         self._on_output = on_output
         self.stats: EngineLoad = engine.stats()  # as of the last step; read from any thread
         self._on_error = on_error
-        self._commands: queue.SimpleQueue[list[AddCommand] | AbortCommand | None] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._pending_adds = 0  # added but not yet seen by the engine: counts against capacity
         self._lock = threading.Lock()
         self._stopping = False
@@ -86,17 +97,31 @@ class EngineThread:
     def abort(self, request_id: str) -> None:
         self._commands.put(AbortCommand(request_id))
 
+    def cached_prefixes(self, limit: int) -> asyncio.Future[list[int]]:
+        """The hashes of up to `limit` cached prefix blocks, taken on the engine thread between two
+        steps (the block manager is the engine thread's alone: no lock on the step loop)."""
+        future: asyncio.Future[list[int]] = self._loop.create_future()
+
+        def settle(hashes: list[int]) -> None:
+            if not future.done():
+                future.set_result(hashes)
+
+        self._commands.put(SummaryCommand(limit, lambda h: self._loop.call_soon_threadsafe(settle, h)))
+        return future
+
     def capacity(self) -> int:
         with self._lock:
             pending = self._pending_adds
         return max(0, self.engine.capacity() - pending)
 
-    def _apply(self, command: list[AddCommand] | AbortCommand | None, out: StepOutput) -> None:
+    def _apply(self, command: Command, out: StepOutput) -> None:
         if isinstance(command, list):
             for add in command:
                 self._add(add, out)
         elif isinstance(command, AbortCommand):
             out.events.extend(self.engine.abort(command.request_id))
+        elif isinstance(command, SummaryCommand):
+            command.deliver(self.engine.block_manager.cached_hashes(command.limit))
 
     def _add(self, command: AddCommand, out: StepOutput) -> None:
         try:

@@ -10,6 +10,7 @@ hung — and resumes them. The heartbeat key (a TTL of one lease) says who is al
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from redis.asyncio import Redis
@@ -24,12 +25,14 @@ log = logging.getLogger(__name__)
 
 
 class Lease:
-    def __init__(self, redis: Redis, keys: Keys, scripts: Scripts, worker_id: str, lease_ms: int) -> None:
+    def __init__(self, redis: Redis, keys: Keys, scripts: Scripts, worker_id: str, lease_ms: int,
+                 own_streams: Callable[[], list[str]] = list) -> None:
         self.redis = redis
         self.keys = keys
         self.scripts = scripts
         self.worker_id = worker_id
         self.lease_ms = lease_ms
+        self.own_streams = own_streams  # the workers' own streams (worker/affinity.py), swept too
         self._suspects: list[EntryRef] = []  # entries the last sweep saw idle past the lease
 
     async def beat(self, info: WorkerInfo) -> None:
@@ -89,7 +92,7 @@ class Lease:
                 # A suspect deleted from the stream meanwhile comes back empty: nothing to run.
                 claimed += [(stream, entry_id, fields) for entry_id, fields in replies if entry_id and fields]
         pipe = self.redis.pipeline(transaction=False)
-        streams = self.keys.jobs_streams
+        streams = [*self.keys.jobs_streams, *self.own_streams()]
         for stream in streams:
             pipe.xpending_range(stream, WORKER_GROUP, "-", "+", count, idle=self.lease_ms)
         sightings: list[list[dict[str, Any]]] = await pipe.execute()

@@ -14,6 +14,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from schemas.worker import WorkerInfo
+from worker.affinity import WorkerAffinity
 from worker.control_loop import ControlLoop
 from worker.engine_thread import EngineThread
 from worker.intake import Entry
@@ -26,7 +27,7 @@ class LeaseLoop:
     def __init__(self, lease: Lease, owned: Owned, thread: EngineThread, control: ControlLoop,
                  admit: Callable[[list[Entry]], Awaitable[None]], info: Callable[[], WorkerInfo],
                  observer: Observer, lose: Callable[[InFlight], None], draining: Callable[[], bool],
-                 interval_s: float) -> None:
+                 interval_s: float, affinity: WorkerAffinity) -> None:
         self.lease = lease
         self.owned = owned
         self.thread = thread
@@ -37,6 +38,7 @@ class LeaseLoop:
         self.lose = lose
         self.draining = draining
         self.interval_s = interval_s
+        self.affinity = affinity
 
     async def run(self) -> None:
         self.lease.forget_suspects()  # what a sweep saw before an outage says nothing now
@@ -45,6 +47,8 @@ class LeaseLoop:
             began = time.monotonic()
             await self._renew()
             await self.lease.beat(self.info())
+            if not self.draining():
+                await self.affinity.beat(self.thread, self.interval_s)
             await self.control.check_flags()
             if sweep and not self.draining() and (room := self.thread.capacity()) > 0:
                 entries = await self.lease.reclaim(room)

@@ -51,6 +51,11 @@ class _Engine(Collector):
         yield kv
         yield gauge("conveyor_prefix_cache_hit_rate", "Share of prompt blocks found in the prefix cache",
                     s.prefix_cache_hit_rate)
+        tokens = CounterMetricFamily("conveyor_prefix_cache_tokens", "Prompt tokens looked up in the prefix "
+                                     "cache (result: queried), and found there (hit)", labels=["result"])
+        tokens.add_metric(["queried"], s.prefix_cache_queried_tokens)
+        tokens.add_metric(["hit"], s.prefix_cache_hit_tokens)
+        yield tokens
         yield gauge("conveyor_worker_jobs", "Jobs this worker owns (read, not yet acknowledged)", self.jobs())
         yield CounterMetricFamily("conveyor_preemptions", "Sequences preempted (KV dropped, recomputed "
                                   "later)", value=s.preemptions)
@@ -90,7 +95,15 @@ class WorkerMetrics:
                                      registry=r)
         self.webhooks = Counter("conveyor_webhooks_enqueued", "Webhooks handed to the webhook queue",
                                 ["event"], registry=r)
+        self.placement = Counter("conveyor_jobs_placed", "Jobs read from the queue, by placement outcome "
+                                 "(affinity_hit: from this worker's own stream, stolen: from another's, "
+                                 "shared: from the shared bands)", ["outcome"], registry=r)
+        for outcome in ("affinity_hit", "stolen", "shared"):
+            self.placement.labels(outcome)
         r.register(_Engine(stats, jobs, block_size))
+
+    def placed(self, outcome: str) -> None:
+        self.placement.labels(outcome).inc()
 
     def step(self, info: StepInfo) -> None:
         """On the engine thread, after each forward."""

@@ -12,6 +12,12 @@ wakes the worker as soon as it is written — no polling interval, no latency ad
 cannot be cancelled safely (Redis may have delivered entries the reply to which would be lost, to be
 reclaimed only a lease later), so reads still in flight when one returns are left to finish; what they
 read is collected by the next `harvest()`, or by `settle()` at the drain.
+
+Prefix affinity (worker/affinity.py): a shard's read starts with this worker's own stream, and ends
+with the other workers' own streams, from which it takes only entries that waited `affinity_wait_ms`
+unread. A blocking read cannot see those ripen, so while other owners exist `wait` returns in time to
+poll again when the next one is due (or every `affinity_wait_ms`): a job placed on a full, hung or
+dead worker waits at most about `affinity_wait_ms` plus one read.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from redis.asyncio import Redis
 
 from schemas.bands import read_order, shard_order
 from schemas.keys import WORKER_GROUP, Keys
+from worker.affinity import WorkerAffinity
 from worker.intake import Entry
 from worker.scripts import Scripts
 
@@ -41,12 +48,14 @@ def _entries(stream: str, items: list[Any]) -> list[Entry]:
 
 class QueueReader:
     def __init__(self, redis: Redis, keys: Keys, scripts: Scripts, worker_id: str,
-                 starvation_every: int) -> None:
+                 starvation_every: int, affinity: WorkerAffinity) -> None:
         self.redis = redis
         self.keys = keys
         self.scripts = scripts
         self.worker_id = worker_id
         self.starvation_every = starvation_every
+        self.affinity = affinity
+        self._due_s: float | None = None  # when the next entry of another's stream may be taken
         self.reads = 0  # polls so far: where the band rotation and the shard turn stand
         self._waits: dict[int, asyncio.Task[list[Entry]]] = {}  # shard → its blocking read in flight
         self._carry: list[Entry] = []  # read by a blocking read, not yet returned (another one failed)
@@ -57,28 +66,37 @@ class QueueReader:
         shards = shard_order(self.reads, self.keys.jobs_shards)
         self.reads += 1
         out: list[Entry] = []
+        wait_ms = self.affinity.wait_ms
+        due = [wait_ms] if any(self.affinity.others(shard) for shard in shards) else []
         for shard in shards:
             if len(out) >= room:
                 break
-            streams = list(self.keys.shard_streams(shard, bands))
+            first = self.affinity.own(shard) + list(self.keys.shard_streams(shard, bands))
+            streams = first + self.affinity.others(shard)
             left = room - len(out)
 
-            def build(pipe, streams: list[str] = streams, left: int = left) -> None:  # type: ignore[no-untyped-def]
-                self.scripts.call(pipe, "read", streams, [WORKER_GROUP, self.worker_id, left])
+            def build(pipe, streams: list[str] = streams, left: int = left, free: int = len(first)) -> None:  # type: ignore[no-untyped-def]
+                self.scripts.call(pipe, "read", streams, [WORKER_GROUP, self.worker_id, left, free, wait_ms])
 
             (reply,) = await self.scripts.execute(build)
             if isinstance(reply, Exception):
                 raise reply
-            for stream, items in reply:
+            read, soonest = reply
+            for stream, items in read:
                 out += _entries(stream, items)
+            if int(soonest) >= 0:
+                due.append(int(soonest))
+        self._due_s = max(0.005, min(due) / 1000) if due else None
         return out
 
     async def wait(self, room: int) -> list[Entry]:
-        """Blocks until any shard has new entries (at most READ_BLOCK_MS); returns what came first."""
+        """Blocks until any shard has new entries (at most READ_BLOCK_MS, or until an entry of another
+        worker's own stream is due); returns what came first."""
         for shard in range(self.keys.jobs_shards):
             if shard not in self._waits:
                 self._waits[shard] = asyncio.create_task(self._block(shard, room), name=f"read-shard-{shard}")
-        await asyncio.wait(self._waits.values(), return_when=asyncio.FIRST_COMPLETED)
+        # (a timeout leaves the blocking reads in flight: the next wait or harvest collects them)
+        await asyncio.wait(self._waits.values(), timeout=self._due_s, return_when=asyncio.FIRST_COMPLETED)
         return self.harvest()
 
     def harvest(self) -> list[Entry]:
@@ -113,7 +131,7 @@ class QueueReader:
         self._waits.clear()
 
     async def _block(self, shard: int, room: int) -> list[Entry]:
-        streams = dict.fromkeys(self.keys.shard_streams(shard), ">")
+        streams = dict.fromkeys([*self.affinity.own(shard), *self.keys.shard_streams(shard)], ">")
         reply = await self.redis.xreadgroup(WORKER_GROUP, self.worker_id, streams, count=room,  # type: ignore[arg-type]
                                             block=READ_BLOCK_MS)
         return [entry for stream, items in reply or [] for entry in _entries(stream, items)]

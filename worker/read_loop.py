@@ -15,6 +15,7 @@ from redis.exceptions import ResponseError
 from schemas.keys import Keys
 from schemas.queue import ensure_group
 from worker import faults
+from worker.affinity import WorkerAffinity
 from worker.engine_thread import EngineThread
 from worker.intake import Entry, Intake, parse
 from worker.lease import Lease
@@ -25,7 +26,7 @@ from worker.queue_reader import QueueReader
 class ReadLoop:
     def __init__(self, redis: Redis, keys: Keys, worker_id: str, thread: EngineThread, intake: Intake,
                  lease: Lease, owned: Owned, draining: Callable[[], bool], crash_token: int | None,
-                 queue: QueueReader) -> None:
+                 queue: QueueReader, affinity: WorkerAffinity, placed: Callable[[str], None]) -> None:
         self.redis = redis
         self.keys = keys
         self.worker_id = worker_id
@@ -37,6 +38,8 @@ class ReadLoop:
         self.room = asyncio.Event()  # set when the engine may have room for more jobs
         self._crash_token = crash_token  # test-only fault injection (worker/faults.py)
         self.queue = queue
+        self.affinity = affinity
+        self.placed = placed  # counts each entry read by its placement outcome
 
     async def run(self) -> None:
         while not self.draining():
@@ -46,6 +49,7 @@ class ReadLoop:
                 if "NOGROUP" not in str(exc):
                     raise
                 await ensure_group(self.redis, self.keys)  # a stream was deleted under us
+                await self.affinity.register()  # (our own: the fleet thought we were gone)
                 continue
             except asyncio.CancelledError:
                 self.queue.cancel()
@@ -54,8 +58,17 @@ class ReadLoop:
                 entries += await self.queue.settle()
                 await self.lease.release([e.ref for e in entries])
                 return
+            for entry in entries:
+                self.placed(self._outcome(entry.stream))
             await self.admit(entries)
         await self.lease.release([e.ref for e in await self.queue.settle()])
+
+    def _outcome(self, stream: str) -> str:
+        """affinity_hit: from our own stream; stolen: from another worker's; shared: the bands."""
+        own = {s for shard in range(self.keys.jobs_shards) for s in self.affinity.own(shard)}
+        if stream in own:
+            return "affinity_hit"
+        return "stolen" if ":w:" in stream.rsplit("}", 1)[-1] else "shared"
 
     async def _read(self) -> list[Entry]:
         """What to admit next: entries a blocking read returned meanwhile (pending for this worker

@@ -32,6 +32,7 @@ from schemas.worker import EngineLoad, WorkerInfo
 from telemetry.tracing import Tracing
 from webhooks.enqueue import webhook_queue
 from worker import faults
+from worker.affinity import WorkerAffinity
 from worker.control_loop import ControlLoop
 from worker.engine_thread import EngineThread, StepOutput
 from worker.intake import Intake
@@ -72,7 +73,11 @@ class Worker:
                                    settings.event_stream_maxlen, self.observer)
         self.intake = Intake(redis, self.keys, self.scripts, self.publisher, self.worker_id,
                              settings.max_attempts, self.observer)
-        self.lease = Lease(redis, self.keys, self.scripts, self.worker_id, settings.job_lease_ms)
+        self.affinity = WorkerAffinity(redis, self.keys, self.scripts, self.worker_id, settings.affinity,
+                                       settings.affinity_wait_ms, settings.job_lease_ms,
+                                       engine.config.block_size)
+        self.lease = Lease(redis, self.keys, self.scripts, self.worker_id, settings.job_lease_ms,
+                           self.affinity.streams)
         self.outage_cap = outage_cap(settings)
         self._outputs: asyncio.Queue[StepOutput] = asyncio.Queue()
         self._stop = asyncio.Event()
@@ -95,6 +100,7 @@ class Worker:
     async def run(self) -> None:
         await ensure_group(self.redis, self.keys)
         await self.scripts.load()
+        await self.affinity.register()
         loop = asyncio.get_running_loop()
         self._thread = EngineThread(self.engine, loop, self._outputs.put_nowait, self._fail,
                                     on_step=self.metrics.step)
@@ -102,14 +108,16 @@ class Worker:
         reader = ReadLoop(self.redis, self.keys, self.worker_id, self._thread, self.intake, self.lease,
                           self.owned, self._is_draining, self._crash_token,
                           QueueReader(self.redis, self.keys, self.scripts, self.worker_id,
-                                      self.settings.band_starvation_every))
+                                      self.settings.band_starvation_every, self.affinity),
+                          self.affinity, self.metrics.placed)
         publisher = PublishLoop(self.publisher, self.owned, self._outputs, reader.room, self._lose,
                                 self.outage_cap)
         control = ControlLoop(self.redis, self.keys, self.owned, self._thread)
         leases = LeaseLoop(self.lease, self.owned, self._thread, control, reader.admit, self.info,
                            self.observer, self._lose, self._is_draining,
-                           self.settings.heartbeat_interval_ms / 1000)
+                           self.settings.heartbeat_interval_ms / 1000, self.affinity)
         await self.lease.beat(self.info())
+        await self.affinity.beat(self._thread, self.settings.heartbeat_interval_ms / 1000)
         log.info("worker %s reading %d jobs stream(s) (%d shard(s) × bands)", self.worker_id,
                  len(self.keys.jobs_streams), self.keys.jobs_shards)
         read = asyncio.create_task(self._guard("read", reader.run), name="read")
@@ -146,6 +154,7 @@ class Worker:
 
     async def _drain(self, read: asyncio.Task[None]) -> None:
         self._draining = True
+        await self.affinity.withdraw()  # the api places nothing more here
         timeout = self.settings.drain_timeout
         log.info("draining: no new jobs; %d running get %.0fs to finish", len(self.owned), timeout)
         with suppress(TimeoutError):
@@ -160,6 +169,7 @@ class Worker:
             log.info("handing %d unfinished job(s) to other workers", len(left))
             await self.lease.release([job.ref for job in left])
             self.owned.clear()
+        await self.affinity.leave()
         await self.lease.leave()
 
     async def _guard(self, name: str, loop: Callable[[], Awaitable[None]]) -> None:

@@ -86,24 +86,70 @@ end
 return lost
 """
 
-# KEYS: the streams of one shard (one hash tag), in the order to read them. ARGV: group, consumer, count.
+# KEYS: the streams of one shard (one hash tag), in the order to read them: the first `free` ones (this
+# worker's own stream, the bands) read at once, the rest (other workers' own streams, prefix-affinity
+# placement) only for entries that waited `wait` ms there unread (Redis's clock: entry ids are its
+# milliseconds). ARGV: group, consumer, count, free, wait ms.
 # Reads new entries (XREADGROUP >, no BLOCK) from each stream in turn until `count` are read, so a
-# worker takes exactly what it has room for, from the first bands first, in one round trip.
-# Returns {stream, entries} for each stream read from.
+# worker takes exactly what it has room for, from the first streams first, in one round trip.
+# Returns {{stream, entries} for each stream read from}, and the ms until an unread entry of another
+# worker's stream may be taken (-1: none waits).
 READ = """
 local out, left = {}, tonumber(ARGV[3])
+local free, wait, soonest, now = tonumber(ARGV[4]), tonumber(ARGV[5]), -1, nil
 for i = 1, #KEYS do
   if left <= 0 then break end
-  local reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', left, 'STREAMS', KEYS[i], '>')
-  if reply and #reply[1][2] > 0 then
-    out[#out + 1] = {KEYS[i], reply[1][2]}
-    left = left - #reply[1][2]
+  local count = left
+  if i > free then
+    count = 0
+    local last = nil
+    if redis.call('EXISTS', KEYS[i]) == 1 then
+      for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[i])) do
+        local f = {}
+        for j = 1, #g, 2 do f[g[j]] = g[j + 1] end
+        if f['name'] == ARGV[1] then last = f['last-delivered-id'] end
+      end
+    end
+    if last then
+      if not now then
+        local t = redis.call('TIME')
+        now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+      end
+      count = #redis.call('XRANGE', KEYS[i], '(' .. last, tostring(now - wait), 'COUNT', left)
+      if count == 0 then
+        local nxt = redis.call('XRANGE', KEYS[i], '(' .. last, '+', 'COUNT', 1)
+        if nxt[1] then
+          local due = math.max(0, tonumber(string.match(nxt[1][1], '^(%d+)')) + wait - now)
+          if soonest < 0 or due < soonest then soonest = due end
+        end
+      end
+    end
+  end
+  if count > 0 then
+    local reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', count, 'STREAMS', KEYS[i], '>')
+    if reply and #reply[1][2] > 0 then
+      out[#out + 1] = {KEYS[i], reply[1][2]}
+      left = left - #reply[1][2]
+    end
   end
 end
-return out
+return {out, soonest}
 """
 
-_SOURCES = {"take": TAKE, "append": APPEND, "keep": KEEP, "read": READ}
+# KEYS: a worker's own stream, its shard's owners set. ARGV: group, worker id.
+# The fleet cleans up after a gone worker: deletes its stream, and its name from the set, only if
+# nothing is queued or pending there. Atomic with the api's enqueue (which falls back to the shared
+# stream once the own stream is gone), so no job is ever left on a stream nobody reads.
+FORGET = """
+if redis.call('XLEN', KEYS[1]) > 0 then return 0 end
+local p = redis.pcall('XPENDING', KEYS[1], ARGV[1])
+if type(p) == 'table' and not p.err and tonumber(p[1]) > 0 then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('SREM', KEYS[2], ARGV[2])
+return 1
+"""
+
+_SOURCES = {"take": TAKE, "append": APPEND, "keep": KEEP, "read": READ, "forget": FORGET}
 
 
 class Scripts:

@@ -42,7 +42,7 @@ async def test_200_jobs_on_two_workers_each_run_exactly_once(fleet, make_spec) -
     assert await fleet.queued() == 0  # acknowledged entries are deleted
 
     keys = [key async for key in fleet.redis.scan_iter(f"{fleet.keys.prefix}:*")]
-    ttls = {k: await fleet.redis.ttl(k) for k in keys if k not in fleet.keys.fleet_keys}
+    ttls = {k: await fleet.redis.ttl(k) for k in keys if not fleet.keys.untimed(k)}
     assert [k for k, ttl in ttls.items() if ttl == -1] == []  # -2: expired already
     # A job's own keys live result_ttl; the indexes over jobs (tenant listing, admission) a day longer.
     job_keys = {k: ttl for k, ttl in ttls.items() if k.startswith(f"{fleet.keys.prefix}:job:")}

@@ -1,0 +1,70 @@
+"""Prefix-affinity placement (docs/design.md §3): which worker already holds a job's prompt prefix.
+
+Each worker publishes a summary of its prefix cache with every heartbeat (Keys.prefixes, TTL one
+lease): its block size and the chained hashes (schemas/prefix_hash.py) of up to SUMMARY_MAX_BLOCKS
+cached full blocks. The api hashes a job's prompt the same way and places the job on the own stream
+of the worker holding the longest prefix, if at least `affinity_min_blocks` long; otherwise, and for
+the low and batch bands (which must not overtake interactive work by jumping to a worker's own
+stream), on the shared streams. Torch-free: the api and the worker both import it.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from schemas.bands import Band
+from schemas.prefix_hash import prefix_hashes
+
+SUMMARY_MAX_BLOCKS = 4096  # about 70 KB of hex per worker per heartbeat
+AFFINITY_BANDS = (Band.HIGH, Band.NORMAL)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixSummary:
+    block_size: int
+    hashes: frozenset[int]
+
+
+def encode_summary(block_size: int, hashes: list[int]) -> str:
+    """`BLOCK_SIZE HASH HASH …` (hex): compact, one GET per worker, readable in redis-cli."""
+    return " ".join([str(block_size), *(f"{h:x}" for h in hashes[:SUMMARY_MAX_BLOCKS])])
+
+
+def decode_summary(raw: str) -> PrefixSummary | None:
+    """None for a value that is not a summary (written by another version): that worker is skipped."""
+    head, *rest = raw.split(" ")
+    try:
+        return PrefixSummary(int(head), frozenset(int(h, 16) for h in rest))
+    except ValueError:
+        return None
+
+
+def held_blocks(chain: list[int], summary: PrefixSummary) -> int:
+    """How many leading blocks of the job's chain the worker holds: the deepest hash it has (a chained
+    hash stands for its whole prefix; the cache evicts a chain's tail before its head)."""
+    for depth in range(len(chain), 0, -1):
+        if chain[depth - 1] in summary.hashes:
+            return depth
+    return 0
+
+
+def best_worker(prompt_ids: list[int], summaries: dict[str, PrefixSummary], min_blocks: int,
+                rng: random.Random | None = None) -> tuple[str, int] | None:
+    """(worker id, blocks held) of the worker holding the longest prefix of the prompt, at least
+    `min_blocks` long (ties: one at random, so equal holders share the load); None: no such worker."""
+    chains: dict[int, list[int]] = {}
+    best: list[str] = []
+    depth_best = min_blocks - 1
+    for worker_id, summary in summaries.items():
+        chain = chains.get(summary.block_size)
+        if chain is None:
+            chain = chains[summary.block_size] = prefix_hashes(prompt_ids, summary.block_size)
+        depth = held_blocks(chain, summary)
+        if depth > depth_best:
+            best, depth_best = [worker_id], depth
+        elif depth == depth_best and best:
+            best.append(worker_id)
+    if not best:
+        return None
+    return (rng or random).choice(sorted(best)), depth_best
