@@ -113,5 +113,8 @@ class WorkerAffinity:
         for result in results:
             if isinstance(result, Exception):
                 raise result
+        shards = self.keys.jobs_shards
+        done = {w for i, w in enumerate(workers) if all(results[i * shards:(i + 1) * shards])}
+        self._others = [w for w in self._others if w not in done]
         if any(results):
             log.info("removed the empty own stream(s) of gone worker(s) %s", ", ".join(workers))

@@ -88,14 +88,15 @@ class Lease:
             pipe = self.redis.pipeline(transaction=False)
             for stream, entry_ids in suspects.items():
                 pipe.xclaim(stream, WORKER_GROUP, self.worker_id, self.lease_ms, entry_ids)  # type: ignore[arg-type]
-            for stream, replies in zip(suspects, await pipe.execute(), strict=True):
+            replies_of = _replies(await pipe.execute(raise_on_error=False))
+            for stream, replies in zip(suspects, replies_of, strict=True):
                 # A suspect deleted from the stream meanwhile comes back empty: nothing to run.
                 claimed += [(stream, entry_id, fields) for entry_id, fields in replies if entry_id and fields]
         pipe = self.redis.pipeline(transaction=False)
         streams = [*self.keys.jobs_streams, *self.own_streams()]
         for stream in streams:
             pipe.xpending_range(stream, WORKER_GROUP, "-", "+", count, idle=self.lease_ms)
-        sightings: list[list[dict[str, Any]]] = await pipe.execute()
+        sightings: list[list[dict[str, Any]]] = _replies(await pipe.execute(raise_on_error=False))
         self._suspects = [(stream, row["message_id"]) for stream, rows in zip(streams, sightings, strict=True)
                           for row in rows]
         if not claimed:
@@ -112,3 +113,12 @@ class Lease:
             log.warning("reclaimed %d job(s) idle for more than %d ms at two sweeps in a row", len(out),
                         self.lease_ms)
         return out
+
+
+def _replies(results: list[Any]) -> list[Any]:
+    """A pipeline's replies, a stream gone meanwhile (a gone worker's own stream, deleted by the fleet
+    once empty: worker/affinity.py) read as empty; any other error raised."""
+    for result in results:
+        if isinstance(result, Exception) and "NOGROUP" not in str(result):
+            raise result
+    return [[] if isinstance(result, Exception) else result for result in results]

@@ -56,8 +56,10 @@ class QueueReader:
         self.starvation_every = starvation_every
         self.affinity = affinity
         self._due_s: float | None = None  # when the next entry of another's stream may be taken
+        self._seen: dict[int, str] = {}  # shard → the last entry of our own stream delivered to anyone
         self.reads = 0  # polls so far: where the band rotation and the shard turn stand
-        self._waits: dict[int, asyncio.Task[list[Entry]]] = {}  # shard → its blocking read in flight
+        # shard → its blocking read in flight; (shard, "own") → the doorbell of our own stream
+        self._waits: dict[int | tuple[int, str], asyncio.Task[list[Entry]]] = {}
         self._carry: list[Entry] = []  # read by a blocking read, not yet returned (another one failed)
 
     async def poll(self, room: int) -> list[Entry]:
@@ -75,13 +77,19 @@ class QueueReader:
             streams = first + self.affinity.others(shard)
             left = room - len(out)
 
-            def build(pipe, streams: list[str] = streams, left: int = left, free: int = len(first)) -> None:  # type: ignore[no-untyped-def]
-                self.scripts.call(pipe, "read", streams, [WORKER_GROUP, self.worker_id, left, free, wait_ms])
+            own = int(bool(self.affinity.own(shard)))
+
+            args = [WORKER_GROUP, self.worker_id, left, len(first), wait_ms, own]
+
+            def build(pipe, streams: list[str] = streams, args: list[object] = args) -> None:  # type: ignore[no-untyped-def]
+                self.scripts.call(pipe, "read", streams, args)
 
             (reply,) = await self.scripts.execute(build)
             if isinstance(reply, Exception):
                 raise reply
-            read, soonest = reply
+            read, soonest, seen = reply
+            if seen:
+                self._seen[shard] = seen
             for stream, items in read:
                 out += _entries(stream, items)
             if int(soonest) >= 0:
@@ -95,6 +103,8 @@ class QueueReader:
         for shard in range(self.keys.jobs_shards):
             if shard not in self._waits:
                 self._waits[shard] = asyncio.create_task(self._block(shard, room), name=f"read-shard-{shard}")
+            if self.affinity.own(shard) and (shard, "own") not in self._waits:
+                self._waits[shard, "own"] = asyncio.create_task(self._doorbell(shard), name=f"bell-{shard}")
         # (a timeout leaves the blocking reads in flight: the next wait or harvest collects them)
         await asyncio.wait(self._waits.values(), timeout=self._due_s, return_when=asyncio.FIRST_COMPLETED)
         return self.harvest()
@@ -131,7 +141,15 @@ class QueueReader:
         self._waits.clear()
 
     async def _block(self, shard: int, room: int) -> list[Entry]:
-        streams = dict.fromkeys([*self.affinity.own(shard), *self.keys.shard_streams(shard)], ">")
+        streams = dict.fromkeys(self.keys.shard_streams(shard), ">")
         reply = await self.redis.xreadgroup(WORKER_GROUP, self.worker_id, streams, count=room,  # type: ignore[arg-type]
                                             block=READ_BLOCK_MS)
         return [entry for stream, items in reply or [] for entry in _entries(stream, items)]
+
+    async def _doorbell(self, shard: int) -> list[Entry]:
+        """Wakes the worker when its own stream gets an entry after the last one delivered. An XREAD,
+        not a group read: a worker stopped while it waits (SIGSTOP, a long GC) is delivered nothing,
+        so a job placed on it stays unread, and others take it after affinity_wait_ms."""
+        own = self.affinity.own(shard)[0]
+        await self.redis.xread({own: self._seen.get(shard, "$")}, count=1, block=READ_BLOCK_MS)
+        return []

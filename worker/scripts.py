@@ -87,14 +87,23 @@ return lost
 """
 
 # KEYS: the streams of one shard (one hash tag), in the order to read them: the first `free` ones (this
-# worker's own stream, the bands) read at once, the rest (other workers' own streams, prefix-affinity
-# placement) only for entries that waited `wait` ms there unread (Redis's clock: entry ids are its
-# milliseconds). ARGV: group, consumer, count, free, wait ms.
+# worker's own stream if `own` is 1, then the bands) read at once, the rest (other workers' own streams,
+# prefix-affinity placement) only for entries that waited `wait` ms there unread (Redis's clock: entry
+# ids are its milliseconds). ARGV: group, consumer, count, free, wait ms, own (0/1).
 # Reads new entries (XREADGROUP >, no BLOCK) from each stream in turn until `count` are read, so a
 # worker takes exactly what it has room for, from the first streams first, in one round trip.
-# Returns {{stream, entries} for each stream read from}, and the ms until an unread entry of another
-# worker's stream may be taken (-1: none waits).
+# Returns {{stream, entries} for each stream read from}, the ms until an unread entry of another
+# worker's stream may be taken (-1: none waits), and the own stream's last delivered id (or nil).
 READ = """
+local function delivered(key)
+  if redis.call('EXISTS', key) == 0 then return false end
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', key)) do
+    local f = {}
+    for j = 1, #g, 2 do f[g[j]] = g[j + 1] end
+    if f['name'] == ARGV[1] then return f['last-delivered-id'] end
+  end
+  return false
+end
 local out, left = {}, tonumber(ARGV[3])
 local free, wait, soonest, now = tonumber(ARGV[4]), tonumber(ARGV[5]), -1, nil
 for i = 1, #KEYS do
@@ -102,14 +111,7 @@ for i = 1, #KEYS do
   local count = left
   if i > free then
     count = 0
-    local last = nil
-    if redis.call('EXISTS', KEYS[i]) == 1 then
-      for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[i])) do
-        local f = {}
-        for j = 1, #g, 2 do f[g[j]] = g[j + 1] end
-        if f['name'] == ARGV[1] then last = f['last-delivered-id'] end
-      end
-    end
+    local last = delivered(KEYS[i])
     if last then
       if not now then
         local t = redis.call('TIME')
@@ -133,7 +135,9 @@ for i = 1, #KEYS do
     end
   end
 end
-return {out, soonest}
+local seen = false
+if ARGV[6] == '1' then seen = delivered(KEYS[1]) end
+return {out, soonest, seen}
 """
 
 # KEYS: a worker's own stream, its shard's owners set. ARGV: group, worker id.
