@@ -1,8 +1,9 @@
 """Placement across a fleet of worker processes — the priority part: does a high-priority job
-overtake a queue of low ones?
+overtake a queue of low ones? (The affinity part, `bench/fleet.py affinity`: bench/fleet_affinity.py.)
 
     .venv/bin/python bench/fleet.py priority                     # 200 low + 10 high, 2 workers
     .venv/bin/python bench/fleet.py priority --low 400 --workers 3 --shards 3
+    nice -n 10 .venv/bin/python bench/fleet.py affinity          # 1, 2, 3 workers, affinity on vs off
 
 One run, one valkey-server, N worker processes (`conveyor worker`) on a tiny random Llama (2 layers,
 the default model's tokenizer: the real engine path, fast on CPU), each with `--max-batch-size`
@@ -122,7 +123,7 @@ async def run_priority(args: argparse.Namespace, redis: Redis, keys: Keys, setti
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("part", choices=["priority"])
+    parser.add_argument("part", choices=["priority", "affinity"])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--shards", type=int, default=1)
     parser.add_argument("--max-batch-size", type=int, default=8, help="slots per worker")
@@ -130,10 +131,18 @@ def main() -> None:
     parser.add_argument("--high", type=int, default=10)
     parser.add_argument("--low-tokens", type=int, default=32)
     parser.add_argument("--high-tokens", type=int, default=8)
+    from bench.fleet_affinity import add_arguments, run_affinity
+
+    add_arguments(parser)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp_dir, EmbeddedRedis(Path(tmp_dir) / "redis") as server:
         tmp = Path(tmp_dir)
         model = tiny_model(tmp / "model")
+        if args.part == "affinity":
+            # K and V × 2 layers × 2 KV heads × 16 dims × 16 tokens × fp32
+            args.block_bytes = 2 * 2 * 2 * 16 * 16 * 4
+            asyncio.run(run_affinity(args, server.url, model))
+            return
         prefix = f"fleet{uuid.uuid4().hex[:8]}"
         env = {**{k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")},
                "REDIS_URL": server.url, "CONVEYOR_MODEL": str(model), "CONVEYOR_KEY_PREFIX": prefix,

@@ -21,6 +21,7 @@ from redis.cluster import key_slot
 from redis.exceptions import ResponseError
 
 from api.jobs import JobStore
+from schemas.affinity import best_worker
 from schemas.job import JobStatus
 from tests.conftest import CLUSTER
 
@@ -60,6 +61,20 @@ async def keys_of(redis: Redis, args: tuple[Any, ...], cache: dict[tuple[Any, ..
     return cache[args]
 
 
+async def placed_by_affinity(local, store: JobStore, make_spec) -> None:  # type: ignore[no-untyped-def]
+    """A job queued on the worker's own stream (it holds the prompt's prefix): the api's ENQUEUE."""
+    prompt = list(range(1000, 1100))
+    assert (await local.result((await store.submit(make_spec(prompt, max_new_tokens=2))).job_id)).status \
+        is JobStatus.SUCCEEDED
+    while best_worker(prompt, store.placement._summaries, local.settings.affinity_min_blocks) is None:
+        await asyncio.sleep(0.05)  # until the worker's summary holds it (its heartbeat: 100 ms)
+        await store.placement.refresh()
+    job = (await store.submit(make_spec(prompt + [7], max_new_tokens=2))).job_id
+    assert (await local.result(job)).status is JobStatus.SUCCEEDED
+    own = await local.redis.xinfo_stream(local.keys.own_stream(0, "w-slots"))
+    assert own["entries-added"] == 1
+
+
 async def test_every_command_script_and_transaction_touches_one_slot(  # type: ignore[no-untyped-def]
         local, make_spec, redis, recorded) -> None:
     settings = local.settings.model_copy(update={"max_concurrent_requests_per_tenant": 10})
@@ -67,6 +82,7 @@ async def test_every_command_script_and_transaction_touches_one_slot(  # type: i
     async with local.worker("w-slots"):
         done = (await store.submit(make_spec(PROMPT, max_new_tokens=6), idempotency_key="k1")).job_id
         assert (await local.result(done)).status is JobStatus.SUCCEEDED
+        await placed_by_affinity(local, store, make_spec)
         running = (await store.submit(make_spec(PROMPT, max_new_tokens=3000))).job_id
         await local.wait_events(running, 3)
         await store.cancel(running)
