@@ -47,15 +47,16 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def tiny_model(path: Path) -> Path:
-    """The tests' tiny random Llama (tests/conftest.py `tiny_model_dir`)."""
+def tiny_model(path: Path, hidden: int = 64, layers: int = 2) -> Path:
+    """The tests' tiny random Llama (tests/conftest.py `tiny_model_dir`); wider or deeper if asked."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from engine.loader import resolve_model
 
     torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    config = LlamaConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                         num_attention_heads=4,
                          num_key_value_heads=2, vocab_size=49152, max_position_embeddings=4096)
     LlamaForCausalLM(config).save_pretrained(path)
     source = resolve_model(None).path
@@ -131,16 +132,18 @@ def main() -> None:
     parser.add_argument("--high", type=int, default=10)
     parser.add_argument("--low-tokens", type=int, default=32)
     parser.add_argument("--high-tokens", type=int, default=8)
+    parser.add_argument("--hidden", type=int, default=64, help="the random Llama's width")
+    parser.add_argument("--layers", type=int, default=2, help="the random Llama's depth")
     from bench.fleet_affinity import add_arguments, run_affinity
 
     add_arguments(parser)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp_dir, EmbeddedRedis(Path(tmp_dir) / "redis") as server:
         tmp = Path(tmp_dir)
-        model = tiny_model(tmp / "model")
+        model = tiny_model(tmp / "model", args.hidden, args.layers)
         if args.part == "affinity":
-            # K and V × 2 layers × 2 KV heads × 16 dims × 16 tokens × fp32
-            args.block_bytes = 2 * 2 * 2 * 16 * 16 * 4
+            # K and V × layers × 2 KV heads × head dims (hidden / 4 heads) × 16 tokens × fp32
+            args.block_bytes = 2 * args.layers * 2 * (args.hidden // 4) * 16 * 4
             asyncio.run(run_affinity(args, server.url, model))
             return
         prefix = f"fleet{uuid.uuid4().hex[:8]}"

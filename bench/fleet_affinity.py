@@ -15,7 +15,8 @@ Reported per sitting: the fleet's prefix-cache hit rate (cached prompt tokens / 
 the jobs' usage), prompt tokens actually prefilled, requests/s, TTFT p50/p99 (record's first_token_at −
 created_at) and the workers' placement outcomes (`conveyor_jobs_placed`). Each worker's KV cache holds
 `--kv-blocks` blocks (default 192: about 5 of the 8 prompts), so a worker that sees every prompt
-evicts, and one that sees only its share does not. Heartbeats every 250 ms (HEARTBEAT_MS), so summaries are fresh.
+evicts, and one that sees only its share does not. Heartbeats every 250 ms (HEARTBEAT_MS), so
+summaries are fresh. `--hidden`/`--layers` widen/deepen the random Llama, so prefill weighs more.
 """
 
 from __future__ import annotations
