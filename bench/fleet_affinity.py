@@ -57,6 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--kv-blocks", type=int, default=192, help="KV blocks (16 tokens) per worker")
     parser.add_argument("--affinity-wait-ms", type=int, default=200)
+    parser.add_argument("--repeat", type=int, default=1, help="on/off pairs per fleet, interleaved")
     parser.add_argument("--workloads", nargs="+", default=["shared", "unique"], choices=["shared", "unique"])
 
 
@@ -171,7 +172,8 @@ async def run_affinity(args: argparse.Namespace, url: str, model: Path) -> None:
     for kind in args.workloads:
         prompts = workload(kind, args)
         for workers in args.fleets:
-            for affinity in (True, False) if workers > 1 else (True,):
+            pairs = [True, False] * args.repeat if workers > 1 else [True]
+            for affinity in pairs:  # on, off, on, off, …: a load change on the machine hits both
                 rows.append(await sitting(args, url, model, workers, affinity, kind, prompts))
                 r = rows[-1]
                 log(f"{kind}, {workers} worker(s), affinity {'on' if affinity else 'off'}: "
@@ -190,8 +192,11 @@ async def run_affinity(args: argparse.Namespace, url: str, model: Path) -> None:
               f"| {p['affinity_hit']} / {p['stolen']} / {p['shared']} |")
     for kind in args.workloads:
         for workers in args.fleets:
-            on = next((r for r in rows if (r.kind, r.workers, r.affinity) == (kind, workers, True)), None)
-            off = next((r for r in rows if (r.kind, r.workers, r.affinity) == (kind, workers, False)), None)
+            on = [r for r in rows if (r.kind, r.workers, r.affinity) == (kind, workers, True)]
+            off = [r for r in rows if (r.kind, r.workers, r.affinity) == (kind, workers, False)]
             if on and off:
-                print(f"{kind}, {workers} workers: affinity on/off throughput {on.rps / off.rps:.2f}x, "
-                      f"hit rate {on.hit_rate - off.hit_rate:+.1%} points")
+                ratios = sorted(a.rps / b.rps for a, b in zip(on, off, strict=True))
+                gain = pct([r.hit_rate for r in on], 0.5) - pct([r.hit_rate for r in off], 0.5)
+                print(f"{kind}, {workers} workers: affinity on/off throughput {pct(ratios, 0.5):.2f}x "
+                      f"(range {ratios[0]:.2f}-{ratios[-1]:.2f} over {len(ratios)} pair(s)), hit rate "
+                      f"{gain:+.1%} points")
