@@ -21,6 +21,8 @@ CLUSTER_MODULES = (
     "tests/worker/test_cancel.py",  # cancel through the control channel to a worker process
     # SIGKILL of a worker mid-generation: resumed by another from its events, no gap, no duplicate
     "tests/worker/test_failover.py::test_sigkill_mid_generation_resumes_on_another_worker",
+    # prefix affinity: the api's enqueue script, the READ script's stealing, the own stream's doorbell
+    "tests/worker/test_affinity.py::test_a_job_placed_on_a_stopped_worker_is_taken_by_another_within_the_wait",
 )
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow,
