@@ -2,11 +2,12 @@
 stream to queue a job.
 
 The api keeps a snapshot of the fleet's prefix-cache summaries (the owners set, then one GET per
-owner), refreshed in the background when older than half a heartbeat, so a submit never waits for
-it. A job of the high or normal band whose prefix a worker holds (`affinity_min_blocks` or more
-blocks) goes on that worker's own stream, with one script that falls back to the shared stream if
-the own stream is gone (its worker left and the fleet deleted it): both streams are in the shard's
-slot, so the check and the XADD are atomic and no job lands on a stream nobody reads.
+owner, with its heartbeat: a worker whose engine has jobs waiting for room is left out), refreshed
+in the background when older than half a heartbeat, so a submit never waits for it. A job of the
+high or normal band whose prefix a worker holds (`affinity_min_blocks` or more blocks) goes on that
+worker's own stream, with one script that falls back to the shared stream if the own stream is gone
+(its worker left and the fleet deleted it): both streams are in the shard's slot, so the check and
+the XADD are atomic and no job lands on a stream nobody reads.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from schemas.bands import band_of
 from schemas.job import JobSpec
 from schemas.keys import Keys
 from schemas.settings import Settings
+from schemas.worker import WorkerInfo
 
 log = logging.getLogger(__name__)
 
@@ -80,12 +82,23 @@ class Placement:
             pipe = self.redis.pipeline(transaction=False)
             for worker in owners:  # one key per command (cluster)
                 pipe.get(self.keys.prefixes(worker))
-            raws = await pipe.execute() if owners else []
+                pipe.get(self.keys.worker(worker))
+            replies = await pipe.execute() if owners else []
         except (RedisError, OSError) as exc:  # placement falls back to the shared streams meanwhile
             log.warning("could not read the workers' prefix summaries: %s", exc)
             return
         summaries = {}
-        for worker, raw in zip(owners, raws, strict=True):
-            if raw and (summary := decode_summary(raw)) is not None:
+        for worker, raw, beat in zip(owners, replies[::2], replies[1::2], strict=True):
+            if raw and beat and _has_room(beat) and (summary := decode_summary(raw)) is not None:
                 summaries[worker] = summary
         self._summaries = summaries
+
+
+def _has_room(heartbeat: str) -> bool:
+    """A worker whose engine already queues jobs it cannot admit (or that drains) gets no placement:
+    they would wait for it and be taken by another only after affinity_wait_ms."""
+    try:
+        info = WorkerInfo.model_validate_json(heartbeat)
+    except ValueError:
+        return False
+    return not info.draining and info.load.waiting == 0
