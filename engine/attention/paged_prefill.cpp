@@ -1,0 +1,266 @@
+// Paged prefill attention on CPU: every prefill chunk of a step in one call, K/V read in place
+// through the block tables (layout: see paged_decode.cpp; K is [head_dim, block_size] per block
+// and head). The torch path gathers each chunk's context and runs SDPA chunk by chunk (~60 GFLOP/s
+// on causal chunks); here a step's chunks are cut into tasks that run side by side.
+//
+// One task = (chunk, KV head, tile of up to kTile query rows). The tile's G * rows query vectors
+// (the whole GQA group of each row: K/V loaded once for all of them) walk the key blocks in order
+// with an online softmax (running max and sum, output rescaled when the max grows), flash-attention
+// style, so no score matrix longer than one block is ever stored. Causal and window masks are
+// per-row token ranges within a block: masked lanes get p = 0 exactly, and a block with no visible
+// key for a row leaves that row untouched.
+//
+// Bitwise batch invariance: a query vector's result depends only on its own values, its position
+// and the cache. Vectors are grouped for register blocking, but each keeps its own accumulators
+// and the same operation order in every group; extra terms from a partner's wider range are
+// fma(0, v, acc) = acc. So a row's output is the same alone or in any batch, any chunking of its
+// prompt, any tile boundary and any thread count.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define CONVEYOR_PREFILL_AVX2 1
+#endif
+
+namespace {
+
+constexpr int64_t kTile = 16;  // query rows per task: G * 16 vectors share each K/V block load
+
+#ifdef CONVEYOR_PREFILL_AVX2
+// exp for 8 lanes (Cephes polynomial, ~2 ulp), the same as paged_decode.cpp's: inputs are
+// score - running max <= 0, and below -87 the result flushes to ~0 (masked lanes are zeroed after).
+inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+  x = _mm256_min_ps(x, _mm256_set1_ps(88.3f));
+  __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  const float c[] = {1.3981999507E-3f, 8.3334519073E-3f, 4.1665795894E-2f, 1.6666665459E-1f, 5.0000001201E-1f};
+  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+  for (float ci : c) y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(ci));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+#endif
+
+// s[n * bs + t] = q[n] . k[t] for the block's bs tokens (all lanes; masking comes later). K is
+// [D, bs]: for each dimension one load of K's row serves six query vectors, twelve FMA chains.
+void scores(const float* q, const float* kt, int64_t N, int64_t D, int64_t bs, float* s) {
+#ifdef CONVEYOR_PREFILL_AVX2
+  if (bs == 16) {
+    for (int64_t n0 = 0; n0 < N; n0 += 6) {
+      const int64_t nn = std::min<int64_t>(6, N - n0);
+      const float* qj[6];
+      for (int j = 0; j < 6; ++j) qj[j] = q + std::min<int64_t>(n0 + j, N - 1) * D;  // tail: repeats, dropped
+      __m256 lo[6], hi[6];
+      for (int j = 0; j < 6; ++j) lo[j] = hi[j] = _mm256_setzero_ps();
+      for (int64_t d = 0; d < D; ++d) {
+        const __m256 k0 = _mm256_loadu_ps(kt + d * 16), k1 = _mm256_loadu_ps(kt + d * 16 + 8);
+        for (int j = 0; j < 6; ++j) {
+          const __m256 x = _mm256_broadcast_ss(qj[j] + d);
+          lo[j] = _mm256_fmadd_ps(x, k0, lo[j]);
+          hi[j] = _mm256_fmadd_ps(x, k1, hi[j]);
+        }
+      }
+      for (int64_t j = 0; j < nn; ++j) {
+        _mm256_storeu_ps(s + (n0 + j) * 16, lo[j]);
+        _mm256_storeu_ps(s + (n0 + j) * 16 + 8, hi[j]);
+      }
+    }
+    return;
+  }
+#endif
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t t = 0; t < bs; ++t) {
+      float acc = 0.f;
+      for (int64_t d = 0; d < D; ++d) acc += q[n * D + d] * kt[d * bs + t];
+      s[n * bs + t] = acc;
+    }
+}
+
+// p[t] = exp(p[t] - m) for t in [a, e), 0 elsewhere in [0, bs).
+void exp_range(float* p, int64_t bs, int64_t a, int64_t e, float m) {
+  int64_t t = 0;
+#ifdef CONVEYOR_PREFILL_AVX2
+  const __m256 mv = _mm256_set1_ps(m);
+  for (; t + 8 <= bs; t += 8) _mm256_storeu_ps(p + t, exp8(_mm256_sub_ps(_mm256_loadu_ps(p + t), mv)));
+#endif
+  for (; t < bs; ++t) p[t] = std::exp(p[t] - m);
+  std::fill(p, p + a, 0.f);
+  std::fill(p + e, p + bs, 0.f);
+}
+
+// o[n] += sum_t p[n][t] * v[t] for t in [a[n], e[n]). Two vectors at a time over 32 dimensions:
+// eight accumulators, each V load serves both (the pair runs over the union of their ranges; the
+// other's lanes there have p = 0 and add exactly nothing).
+void values(float* o, const float* p, const float* v, const int64_t* a, const int64_t* e, int64_t N, int64_t D,
+            int64_t bs) {
+  for (int64_t n0 = 0; n0 < N; n0 += 2) {
+    const int64_t n1 = std::min(n0 + 1, N - 1);
+    const int64_t ta = std::min(a[n0], a[n1]), te = std::max(e[n0], e[n1]);
+    if (ta >= te) continue;
+    const float* p0 = p + n0 * bs;
+    const float* p1 = p + n1 * bs;
+    int64_t d = 0;
+#ifdef CONVEYOR_PREFILL_AVX2
+    for (; d + 32 <= D; d += 32) {
+      __m256 x[4], y[4];
+      for (int j = 0; j < 4; ++j) x[j] = _mm256_loadu_ps(o + n0 * D + d + 8 * j);
+      for (int j = 0; j < 4; ++j) y[j] = _mm256_loadu_ps(o + n1 * D + d + 8 * j);
+      for (int64_t t = ta; t < te; ++t) {
+        const __m256 b0 = _mm256_set1_ps(p0[t]), b1 = _mm256_set1_ps(p1[t]);
+        const float* vt = v + t * D + d;
+        for (int j = 0; j < 4; ++j) {
+          const __m256 vj = _mm256_loadu_ps(vt + 8 * j);
+          x[j] = _mm256_fmadd_ps(b0, vj, x[j]);
+          y[j] = _mm256_fmadd_ps(b1, vj, y[j]);
+        }
+      }
+      for (int j = 0; j < 4; ++j) _mm256_storeu_ps(o + n0 * D + d + 8 * j, x[j]);
+      if (n1 != n0)
+        for (int j = 0; j < 4; ++j) _mm256_storeu_ps(o + n1 * D + d + 8 * j, y[j]);
+    }
+#endif
+    for (int64_t n = n0; n <= n1; ++n)  // dimensions left over (D not a multiple of 32)
+      for (int64_t dd = d; dd < D; ++dd) {
+        float acc = o[n * D + dd];
+        for (int64_t t = ta; t < te; ++t) acc += p[n * bs + t] * v[t * D + dd];
+        o[n * D + dd] = acc;
+      }
+  }
+}
+
+struct Task {
+  int64_t chunk, head, row, rows;  // rows [row, row + rows) of the chunk
+  int64_t cost;                    // ~ query rows x keys, for the longest-first order
+};
+
+}  // namespace
+
+// q [T, heads, D]: the chunks' rows one after another; caches as in paged_decode; tables
+// [chunks, width] int32; starts, lens [chunks] int32 (chunk c's rows are positions
+// start .. start + len - 1, its context start + len, every key already written to the cache).
+// A row at position p attends to keys (max(0, p - window), p] (window < 0: no window).
+torch::Tensor paged_prefill(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor tables,
+                            torch::Tensor starts, torch::Tensor lens, double scale, int64_t window) {
+  TORCH_CHECK(q.dim() == 3 && q.is_contiguous() && q.scalar_type() == at::kFloat, "q: contiguous fp32 [rows, heads, D]");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.scalar_type() == at::kFloat &&
+                  v_cache.scalar_type() == at::kFloat && k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(),
+              "caches: contiguous fp32 [blocks, kv_heads, block_size, D]");
+  TORCH_CHECK(tables.scalar_type() == at::kInt && tables.is_contiguous() && tables.dim() == 2, "tables: int32 [chunks, width]");
+  TORCH_CHECK(starts.scalar_type() == at::kInt && starts.is_contiguous() && lens.scalar_type() == at::kInt &&
+                  lens.is_contiguous() && starts.numel() == tables.size(0) && lens.numel() == tables.size(0),
+              "starts, lens: int32 [chunks]");
+  const int64_t T = q.size(0), H = q.size(1), D = q.size(2), chunks = tables.size(0);
+  const int64_t KV = k_cache.size(1), bs = k_cache.size(2), nblocks = k_cache.size(0);
+  TORCH_CHECK(k_cache.size(3) == D && H % KV == 0, "shape mismatch");
+  const int64_t G = H / KV, width = tables.size(1), head_stride = bs * D, block_stride = KV * bs * D;
+  const int32_t* tp = tables.data_ptr<int32_t>();
+  const int32_t* sp = starts.data_ptr<int32_t>();
+  const int32_t* lp = lens.data_ptr<int32_t>();
+  // Checked before the parallel region: an exception thrown inside it would end the process.
+  std::vector<int64_t> first_row(chunks + 1, 0);
+  std::vector<Task> tasks;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t start = sp[c], len = lp[c], ctx = start + len;
+    TORCH_CHECK(start >= 0 && len >= 0 && ctx <= width * bs, "chunk context longer than its block table");
+    for (int64_t b = 0; b * bs < ctx; ++b)
+      TORCH_CHECK(tp[c * width + b] >= 0 && tp[c * width + b] < nblocks, "block id out of range");
+    first_row[c + 1] = first_row[c] + len;
+    for (int64_t r = 0; r < len; r += kTile) {
+      const int64_t rows = std::min(kTile, len - r), last = start + r + rows - 1;
+      const int64_t lo = window >= 0 ? std::max<int64_t>(0, start + r - window + 1) : 0;
+      for (int64_t h = 0; h < KV; ++h) tasks.push_back({c, h, r, rows, rows * (last + 1 - lo)});
+    }
+  }
+  TORCH_CHECK(first_row[chunks] == T, "q has ", T, " rows but the chunks' lengths sum to ", first_row[chunks]);
+  // Longest first, taken from a shared counter: causal tiles differ in cost by the chunk length,
+  // and an even split of the task range would leave one thread with all the long ones. Which
+  // thread runs a task never changes its result.
+  std::stable_sort(tasks.begin(), tasks.end(), [](const Task& x, const Task& y) { return x.cost > y.cost; });
+
+  auto out = torch::empty_like(q);
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k_cache.data_ptr<float>();
+  const float* vp = v_cache.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const float fscale = static_cast<float>(scale);
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  const int64_t ntasks = static_cast<int64_t>(tasks.size());
+  const int64_t nthreads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), ntasks));
+  std::atomic<int64_t> next{0};
+
+  at::parallel_for(0, nthreads, 1, [&](int64_t, int64_t) {
+    const int64_t N_max = kTile * G;
+    std::vector<float> qs(N_max * D), o(N_max * D), s(N_max * bs), m(N_max), l(N_max);
+    std::vector<int64_t> a(N_max), e(N_max);
+    for (int64_t i; (i = next.fetch_add(1)) < ntasks;) {
+      const Task& task = tasks[i];
+      const int64_t start = sp[task.chunk], h = task.head, N = task.rows * G;
+      const int32_t* table = tp + task.chunk * width;
+      // Vector n = (row n / G, query head h * G + n % G), scale folded in once.
+      for (int64_t r = 0; r < task.rows; ++r) {
+        const float* src = qp + ((first_row[task.chunk] + task.row + r) * H + h * G) * D;
+        for (int64_t j = 0; j < G * D; ++j) qs[r * G * D + j] = src[j] * fscale;
+      }
+      std::fill(o.begin(), o.begin() + N * D, 0.f);
+      std::fill(m.begin(), m.begin() + N, neg_inf);
+      std::fill(l.begin(), l.begin() + N, 0.f);
+      const int64_t p0 = start + task.row, p1 = p0 + task.rows - 1;  // first and last query position
+      const int64_t lo = window >= 0 ? std::max<int64_t>(0, p0 - window + 1) : 0;
+      for (int64_t b = lo / bs; b * bs <= p1; ++b) {
+        const int64_t base = b * bs;
+        const float* kb = kp + table[b] * block_stride + h * head_stride;
+        const float* vb = vp + table[b] * block_stride + h * head_stride;
+        scores(qs.data(), kb, N, D, bs, s.data());
+        for (int64_t n = 0; n < N; ++n) {
+          const int64_t pos = p0 + n / G;
+          const int64_t first = window >= 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+          a[n] = std::clamp<int64_t>(first - base, 0, bs);
+          e[n] = std::clamp<int64_t>(pos + 1 - base, 0, bs);
+          float* sn = s.data() + n * bs;
+          if (a[n] >= e[n]) {  // no visible key in this block: the row's state stays as it is
+            std::fill(sn, sn + bs, 0.f);
+            continue;
+          }
+          const float mb = *std::max_element(sn + a[n], sn + e[n]);
+          const float mnew = std::max(m[n], mb);
+          exp_range(sn, bs, a[n], e[n], mnew);
+          float sum = 0.f;
+          for (int64_t t = a[n]; t < e[n]; ++t) sum += sn[t];
+          if (mnew != m[n] && m[n] != neg_inf) {  // the max grew: rescale what was summed so far
+            const float alpha = std::exp(m[n] - mnew);
+            l[n] *= alpha;
+            for (int64_t d = 0; d < D; ++d) o[n * D + d] *= alpha;
+          }
+          l[n] += sum;
+          m[n] = mnew;
+        }
+        values(o.data(), s.data(), vb, a.data(), e.data(), N, D, bs);
+      }
+      for (int64_t n = 0; n < N; ++n) {  // every row sees at least its own key: l > 0
+        const float inv = 1.f / l[n];
+        float* dst = op + ((first_row[task.chunk] + task.row + n / G) * H + h * G + n % G) * D;
+        for (int64_t d = 0; d < D; ++d) dst[d] = o[n * D + d] * inv;
+      }
+    }
+  });
+  return out;
+}
+
+// Registered as a torch op (torch.ops.conveyor.paged_prefill) rather than a pybind function: it is
+// compiled into the same extension as paged_decode.cpp, which owns the module's PYBIND11_MODULE.
+TORCH_LIBRARY_FRAGMENT(conveyor, m) {
+  m.def("paged_prefill(Tensor q, Tensor k_cache, Tensor v_cache, Tensor tables, Tensor starts, Tensor lens, "
+        "float scale, int window) -> Tensor",
+        &paged_prefill);
+}
