@@ -52,6 +52,62 @@ inline __m256 exp8(__m256 x) {
 }
 #endif
 
+// p[t] = exp(p[t] - m) for t in [a, e), 0 elsewhere in [0, bs).
+void exp_range(float* p, int64_t bs, int64_t a, int64_t e, float m) {
+  int64_t t = 0;
+#ifdef CONVEYOR_PREFILL_AVX2
+  const __m256 mv = _mm256_set1_ps(m);
+  for (; t + 8 <= bs; t += 8) _mm256_storeu_ps(p + t, exp8(_mm256_sub_ps(_mm256_loadu_ps(p + t), mv)));
+#endif
+  for (; t < bs; ++t) p[t] = std::exp(p[t] - m);
+  std::fill(p, p + a, 0.f);
+  std::fill(p + e, p + bs, 0.f);
+}
+
+#ifdef CONVEYOR_PREFILL_AVX2
+inline float hmax8(__m256 v) {
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+}
+
+inline float hsum8(__m256 v) {
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+#endif
+
+// One block of one vector's online softmax, in place: s[t] becomes exp(s[t] - m') for t in [a, e)
+// and 0 elsewhere, where m' = max(m, max s[a..e)) is written back to m; returns the sum of the new
+// p. Scalar loops here would cost as much as the block's FMAs (a 16-long chain of dependent adds
+// and maxes per vector), so a 16-token block stays in two vectors with the mask as lanes.
+inline float softmax_block(float* sn, int64_t bs, int64_t a, int64_t e, float& m) {
+#ifdef CONVEYOR_PREFILL_AVX2
+  if (bs == 16) {
+    const __m256i i0 = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), i1 = _mm256_add_epi32(i0, _mm256_set1_epi32(8));
+    const __m256i av = _mm256_set1_epi32(static_cast<int>(a) - 1), ev = _mm256_set1_epi32(static_cast<int>(e));
+    const __m256 k0 = _mm256_castsi256_ps(_mm256_and_si256(_mm256_cmpgt_epi32(i0, av), _mm256_cmpgt_epi32(ev, i0)));
+    const __m256 k1 = _mm256_castsi256_ps(_mm256_and_si256(_mm256_cmpgt_epi32(i1, av), _mm256_cmpgt_epi32(ev, i1)));
+    const __m256 ninf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+    const __m256 s0 = _mm256_blendv_ps(ninf, _mm256_loadu_ps(sn), k0);
+    const __m256 s1 = _mm256_blendv_ps(ninf, _mm256_loadu_ps(sn + 8), k1);
+    m = std::max(m, hmax8(_mm256_max_ps(s0, s1)));
+    const __m256 mv = _mm256_set1_ps(m);
+    const __m256 p0 = _mm256_and_ps(exp8(_mm256_sub_ps(s0, mv)), k0);
+    const __m256 p1 = _mm256_and_ps(exp8(_mm256_sub_ps(s1, mv)), k1);
+    _mm256_storeu_ps(sn, p0);
+    _mm256_storeu_ps(sn + 8, p1);
+    return hsum8(_mm256_add_ps(p0, p1));
+  }
+#endif
+  m = std::max(m, *std::max_element(sn + a, sn + e));
+  exp_range(sn, bs, a, e, m);
+  float sum = 0.f;
+  for (int64_t t = a; t < e; ++t) sum += sn[t];
+  return sum;
+}
+
 // s[n * bs + t] = q[n] . k[t] for the block's bs tokens (all lanes; masking comes later). K is
 // [D, bs]: for each dimension one load of K's row serves six query vectors, twelve FMA chains.
 void scores(const float* q, const float* kt, int64_t N, int64_t D, int64_t bs, float* s) {
@@ -85,18 +141,6 @@ void scores(const float* q, const float* kt, int64_t N, int64_t D, int64_t bs, f
       for (int64_t d = 0; d < D; ++d) acc += q[n * D + d] * kt[d * bs + t];
       s[n * bs + t] = acc;
     }
-}
-
-// p[t] = exp(p[t] - m) for t in [a, e), 0 elsewhere in [0, bs).
-void exp_range(float* p, int64_t bs, int64_t a, int64_t e, float m) {
-  int64_t t = 0;
-#ifdef CONVEYOR_PREFILL_AVX2
-  const __m256 mv = _mm256_set1_ps(m);
-  for (; t + 8 <= bs; t += 8) _mm256_storeu_ps(p + t, exp8(_mm256_sub_ps(_mm256_loadu_ps(p + t), mv)));
-#endif
-  for (; t < bs; ++t) p[t] = std::exp(p[t] - m);
-  std::fill(p, p + a, 0.f);
-  std::fill(p + e, p + bs, 0.f);
 }
 
 // o[n] += sum_t p[n][t] * v[t] for t in [a[n], e[n]). Two vectors at a time over 32 dimensions:
@@ -232,18 +276,14 @@ torch::Tensor paged_prefill(torch::Tensor q, torch::Tensor k_cache, torch::Tenso
             std::fill(sn, sn + bs, 0.f);
             continue;
           }
-          const float mb = *std::max_element(sn + a[n], sn + e[n]);
-          const float mnew = std::max(m[n], mb);
-          exp_range(sn, bs, a[n], e[n], mnew);
-          float sum = 0.f;
-          for (int64_t t = a[n]; t < e[n]; ++t) sum += sn[t];
-          if (mnew != m[n] && m[n] != neg_inf) {  // the max grew: rescale what was summed so far
-            const float alpha = std::exp(m[n] - mnew);
+          const float mold = m[n];
+          const float sum = softmax_block(sn, bs, a[n], e[n], m[n]);
+          if (m[n] != mold && mold != neg_inf) {  // the max grew: rescale what was summed so far
+            const float alpha = std::exp(mold - m[n]);
             l[n] *= alpha;
             for (int64_t d = 0; d < D; ++d) o[n * D + d] *= alpha;
           }
           l[n] += sum;
-          m[n] = mnew;
         }
         values(o.data(), s.data(), vb, a.data(), e.data(), N, D, bs);
       }

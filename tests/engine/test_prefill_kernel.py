@@ -47,7 +47,7 @@ def _case(chunks: list[tuple[int, int]], heads: int, kv: int, hd: int, bs: int, 
 
 
 def _reference(q, k_cache, v_cache, tables, chunks, window):
-    heads, kv, hd = q.shape[1], k_cache.shape[1], q.shape[2]
+    kv, hd = k_cache.shape[1], q.shape[2]
     out, row = [], 0
     for (start, n), table in zip(chunks, tables, strict=True):
         ctx = start + n
@@ -113,7 +113,8 @@ def test_batch_invariant(window: int | None) -> None:
     row = 0
     for i, (start, n) in enumerate(chunks):
         rows = slice(row, row + n)
-        alone = _run(q[rows], k_cache, v_cache, padded[i : i + 1], starts[i : i + 1], lens[i : i + 1], window, 0.125)
+        one = slice(i, i + 1)
+        alone = _run(q[rows], k_cache, v_cache, padded[one], starts[one], lens[one], window, 0.125)
         assert torch.equal(alone, full[rows])
         # The same prompt cut in two at an odd row (a tile boundary moves): the later part as a
         # chunk of its own with a start further on.
@@ -145,7 +146,9 @@ def test_rejects_bad_input() -> None:
         _run(q, k_cache, v_cache, padded, starts, lens + 8, None, 0.25)
 
 
-def _backend_step(monkeypatch: pytest.MonkeyPatch, choice: str, window: int | None) -> tuple[bool, torch.Tensor]:
+def _backend_step(
+    monkeypatch: pytest.MonkeyPatch, choice: str, window: int | None
+) -> tuple[bool, torch.Tensor]:
     """One mixed step (two decode rows, a fresh prompt, a chunk with start > 0) through
     TorchAttention with CONVEYOR_CPU_ATTENTION=choice: (prefill kernel used, output)."""
     monkeypatch.setenv(cpu_kernel.ENV, choice)
