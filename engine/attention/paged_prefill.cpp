@@ -6,7 +6,8 @@
 // One task = (chunk, KV head, tile of up to kTile query rows). The tile's G * rows query vectors
 // (the whole GQA group of each row: K/V loaded once for all of them) walk the key blocks in order
 // with an online softmax (running max and sum, output rescaled when the max grows), flash-attention
-// style, so no score matrix longer than one block is ever stored. Causal and window masks are
+// style, a span of ~64 keys (whole blocks, aligned to absolute positions) per softmax step: the
+// per-step work of a vector (max, sum, rescale) is then small beside the span's FMAs. Causal and window masks are
 // per-row token ranges within a block: masked lanes get p = 0 exactly, and a block with no visible
 // key for a row leaves that row untouched.
 //
@@ -33,6 +34,7 @@
 namespace {
 
 constexpr int64_t kTile = 16;  // query rows per task: G * 16 vectors share each K/V block load
+constexpr int64_t kSpan = 64;  // keys per online-softmax step, rounded to whole blocks
 
 #ifdef CONVEYOR_PREFILL_AVX2
 // exp for 8 lanes (Cephes polynomial, ~2 ulp), the same as paged_decode.cpp's: inputs are
@@ -78,39 +80,46 @@ inline float hsum8(__m256 v) {
 }
 #endif
 
-// One block of one vector's online softmax, in place: s[t] becomes exp(s[t] - m') for t in [a, e)
-// and 0 elsewhere, where m' = max(m, max s[a..e)) is written back to m; returns the sum of the new
-// p. Scalar loops here would cost as much as the block's FMAs (a 16-long chain of dependent adds
-// and maxes per vector), so a 16-token block stays in two vectors with the mask as lanes.
-inline float softmax_block(float* sn, int64_t bs, int64_t a, int64_t e, float& m) {
+// One span of one vector's online softmax, in place: s[t] becomes exp(s[t] - m') for t in [a, e)
+// and 0 elsewhere in [0, L), where m' = max(m, max s[a..e)) is written back to m; returns the sum
+// of the new p. Scalar loops here would cost as much as the span's FMAs (long chains of dependent
+// adds and maxes), so the span stays in vectors with the mask as lanes; lanes outside [a, e) may
+// hold anything (they are never computed for blocks before the window).
+inline float softmax_span(float* sn, int64_t L, int64_t a, int64_t e, float& m) {
 #ifdef CONVEYOR_PREFILL_AVX2
-  if (bs == 16) {
-    const __m256i i0 = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), i1 = _mm256_add_epi32(i0, _mm256_set1_epi32(8));
+  if (L % 8 == 0) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const __m256i av = _mm256_set1_epi32(static_cast<int>(a) - 1), ev = _mm256_set1_epi32(static_cast<int>(e));
-    const __m256 k0 = _mm256_castsi256_ps(_mm256_and_si256(_mm256_cmpgt_epi32(i0, av), _mm256_cmpgt_epi32(ev, i0)));
-    const __m256 k1 = _mm256_castsi256_ps(_mm256_and_si256(_mm256_cmpgt_epi32(i1, av), _mm256_cmpgt_epi32(ev, i1)));
     const __m256 ninf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
-    const __m256 s0 = _mm256_blendv_ps(ninf, _mm256_loadu_ps(sn), k0);
-    const __m256 s1 = _mm256_blendv_ps(ninf, _mm256_loadu_ps(sn + 8), k1);
-    m = std::max(m, hmax8(_mm256_max_ps(s0, s1)));
+    auto mask = [&](int64_t t) {
+      const __m256i i = _mm256_add_epi32(lane, _mm256_set1_epi32(static_cast<int>(t)));
+      return _mm256_castsi256_ps(_mm256_and_si256(_mm256_cmpgt_epi32(i, av), _mm256_cmpgt_epi32(ev, i)));
+    };
+    __m256 mx = ninf;
+    for (int64_t t = 0; t < L; t += 8) mx = _mm256_max_ps(mx, _mm256_blendv_ps(ninf, _mm256_loadu_ps(sn + t), mask(t)));
+    m = std::max(m, hmax8(mx));
     const __m256 mv = _mm256_set1_ps(m);
-    const __m256 p0 = _mm256_and_ps(exp8(_mm256_sub_ps(s0, mv)), k0);
-    const __m256 p1 = _mm256_and_ps(exp8(_mm256_sub_ps(s1, mv)), k1);
-    _mm256_storeu_ps(sn, p0);
-    _mm256_storeu_ps(sn + 8, p1);
-    return hsum8(_mm256_add_ps(p0, p1));
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t t = 0; t < L; t += 8) {
+      const __m256 k = mask(t);
+      const __m256 x = _mm256_blendv_ps(ninf, _mm256_loadu_ps(sn + t), k);
+      const __m256 p = _mm256_and_ps(exp8(_mm256_sub_ps(x, mv)), k);
+      _mm256_storeu_ps(sn + t, p);
+      sum = _mm256_add_ps(sum, p);
+    }
+    return hsum8(sum);
   }
 #endif
   m = std::max(m, *std::max_element(sn + a, sn + e));
-  exp_range(sn, bs, a, e, m);
+  exp_range(sn, L, a, e, m);
   float sum = 0.f;
   for (int64_t t = a; t < e; ++t) sum += sn[t];
   return sum;
 }
 
-// s[n * bs + t] = q[n] . k[t] for the block's bs tokens (all lanes; masking comes later). K is
+// s[n * ld + t] = q[n] . k[t] for the block's bs tokens (all lanes; masking comes later). K is
 // [D, bs]: for each dimension one load of K's row serves six query vectors, twelve FMA chains.
-void scores(const float* q, const float* kt, int64_t N, int64_t D, int64_t bs, float* s) {
+void scores(const float* q, const float* kt, int64_t N, int64_t D, int64_t bs, int64_t ld, float* s) {
 #ifdef CONVEYOR_PREFILL_AVX2
   if (bs == 16) {
     for (int64_t n0 = 0; n0 < N; n0 += 6) {
@@ -128,8 +137,8 @@ void scores(const float* q, const float* kt, int64_t N, int64_t D, int64_t bs, f
         }
       }
       for (int64_t j = 0; j < nn; ++j) {
-        _mm256_storeu_ps(s + (n0 + j) * 16, lo[j]);
-        _mm256_storeu_ps(s + (n0 + j) * 16 + 8, hi[j]);
+        _mm256_storeu_ps(s + (n0 + j) * ld, lo[j]);
+        _mm256_storeu_ps(s + (n0 + j) * ld + 8, hi[j]);
       }
     }
     return;
@@ -139,21 +148,21 @@ void scores(const float* q, const float* kt, int64_t N, int64_t D, int64_t bs, f
     for (int64_t t = 0; t < bs; ++t) {
       float acc = 0.f;
       for (int64_t d = 0; d < D; ++d) acc += q[n * D + d] * kt[d * bs + t];
-      s[n * bs + t] = acc;
+      s[n * ld + t] = acc;
     }
 }
 
-// o[n] += sum_t p[n][t] * v[t] for t in [a[n], e[n]). Two vectors at a time over 32 dimensions:
+// o[n] += sum_t p[n * L + t] * v[t] for t in [a[n], e[n]), v[t] the row at vrow[t]. Two vectors at a time over 32 dimensions:
 // eight accumulators, each V load serves both (the pair runs over the union of their ranges; the
 // other's lanes there have p = 0 and add exactly nothing).
-void values(float* o, const float* p, const float* v, const int64_t* a, const int64_t* e, int64_t N, int64_t D,
-            int64_t bs) {
+void values(float* o, const float* p, const float* const* vrow, const int64_t* a, const int64_t* e, int64_t N,
+            int64_t D, int64_t L) {
   for (int64_t n0 = 0; n0 < N; n0 += 2) {
     const int64_t n1 = std::min(n0 + 1, N - 1);
     const int64_t ta = std::min(a[n0], a[n1]), te = std::max(e[n0], e[n1]);
     if (ta >= te) continue;
-    const float* p0 = p + n0 * bs;
-    const float* p1 = p + n1 * bs;
+    const float* p0 = p + n0 * L;
+    const float* p1 = p + n1 * L;
     int64_t d = 0;
 #ifdef CONVEYOR_PREFILL_AVX2
     for (; d + 32 <= D; d += 32) {
@@ -162,7 +171,7 @@ void values(float* o, const float* p, const float* v, const int64_t* a, const in
       for (int j = 0; j < 4; ++j) y[j] = _mm256_loadu_ps(o + n1 * D + d + 8 * j);
       for (int64_t t = ta; t < te; ++t) {
         const __m256 b0 = _mm256_set1_ps(p0[t]), b1 = _mm256_set1_ps(p1[t]);
-        const float* vt = v + t * D + d;
+        const float* vt = vrow[t] + d;
         for (int j = 0; j < 4; ++j) {
           const __m256 vj = _mm256_loadu_ps(vt + 8 * j);
           x[j] = _mm256_fmadd_ps(b0, vj, x[j]);
@@ -177,7 +186,7 @@ void values(float* o, const float* p, const float* v, const int64_t* a, const in
     for (int64_t n = n0; n <= n1; ++n)  // dimensions left over (D not a multiple of 32)
       for (int64_t dd = d; dd < D; ++dd) {
         float acc = o[n * D + dd];
-        for (int64_t t = ta; t < te; ++t) acc += p[n * bs + t] * v[t * D + dd];
+        for (int64_t t = ta; t < te; ++t) acc += p[n * L + t] * vrow[t][dd];
         o[n * D + dd] = acc;
       }
   }
@@ -208,6 +217,7 @@ torch::Tensor paged_prefill(torch::Tensor q, torch::Tensor k_cache, torch::Tenso
   const int64_t KV = k_cache.size(1), bs = k_cache.size(2), nblocks = k_cache.size(0);
   TORCH_CHECK(k_cache.size(3) == D && H % KV == 0, "shape mismatch");
   const int64_t G = H / KV, width = tables.size(1), head_stride = bs * D, block_stride = KV * bs * D;
+  const int64_t span_blocks = std::max<int64_t>(1, kSpan / bs), L = span_blocks * bs;
   const int32_t* tp = tables.data_ptr<int32_t>();
   const int32_t* sp = starts.data_ptr<int32_t>();
   const int32_t* lp = lens.data_ptr<int32_t>();
@@ -245,8 +255,9 @@ torch::Tensor paged_prefill(torch::Tensor q, torch::Tensor k_cache, torch::Tenso
 
   at::parallel_for(0, nthreads, 1, [&](int64_t, int64_t) {
     const int64_t N_max = kTile * G;
-    std::vector<float> qs(N_max * D), o(N_max * D), s(N_max * bs), m(N_max), l(N_max);
+    std::vector<float> qs(N_max * D), o(N_max * D), s(N_max * L), m(N_max), l(N_max);
     std::vector<int64_t> a(N_max), e(N_max);
+    std::vector<const float*> vrow(L);
     for (int64_t i; (i = next.fetch_add(1)) < ntasks;) {
       const Task& task = tasks[i];
       const int64_t start = sp[task.chunk], h = task.head, N = task.rows * G;
@@ -261,23 +272,28 @@ torch::Tensor paged_prefill(torch::Tensor q, torch::Tensor k_cache, torch::Tenso
       std::fill(l.begin(), l.begin() + N, 0.f);
       const int64_t p0 = start + task.row, p1 = p0 + task.rows - 1;  // first and last query position
       const int64_t lo = window >= 0 ? std::max<int64_t>(0, p0 - window + 1) : 0;
-      for (int64_t b = lo / bs; b * bs <= p1; ++b) {
-        const int64_t base = b * bs;
-        const float* kb = kp + table[b] * block_stride + h * head_stride;
-        const float* vb = vp + table[b] * block_stride + h * head_stride;
-        scores(qs.data(), kb, N, D, bs, s.data());
+      for (int64_t span = lo / bs / span_blocks; span * L <= p1; ++span) {
+        const int64_t base = span * L;  // position of the span's first lane
+        // Blocks before the window's first are neither scored nor read: their lanes are masked.
+        const int64_t b0 = std::max(span * span_blocks, lo / bs), b1 = std::min((span + 1) * span_blocks, p1 / bs + 1);
+        for (int64_t b = b0; b < b1; ++b) {
+          const int64_t lane = (b - span * span_blocks) * bs;
+          scores(qs.data(), kp + table[b] * block_stride + h * head_stride, N, D, bs, L, s.data() + lane);
+          const float* vb = vp + table[b] * block_stride + h * head_stride;
+          for (int64_t t = 0; t < bs; ++t) vrow[lane + t] = vb + t * D;
+        }
         for (int64_t n = 0; n < N; ++n) {
           const int64_t pos = p0 + n / G;
           const int64_t first = window >= 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
-          a[n] = std::clamp<int64_t>(first - base, 0, bs);
-          e[n] = std::clamp<int64_t>(pos + 1 - base, 0, bs);
-          float* sn = s.data() + n * bs;
-          if (a[n] >= e[n]) {  // no visible key in this block: the row's state stays as it is
-            std::fill(sn, sn + bs, 0.f);
+          a[n] = std::clamp<int64_t>(first - base, 0, L);
+          e[n] = std::clamp<int64_t>(pos + 1 - base, 0, L);
+          float* sn = s.data() + n * L;
+          if (a[n] >= e[n]) {  // no visible key in this span: the row's state stays as it is
+            std::fill(sn, sn + L, 0.f);
             continue;
           }
           const float mold = m[n];
-          const float sum = softmax_block(sn, bs, a[n], e[n], m[n]);
+          const float sum = softmax_span(sn, L, a[n], e[n], m[n]);
           if (m[n] != mold && mold != neg_inf) {  // the max grew: rescale what was summed so far
             const float alpha = std::exp(mold - m[n]);
             l[n] *= alpha;
@@ -285,7 +301,7 @@ torch::Tensor paged_prefill(torch::Tensor q, torch::Tensor k_cache, torch::Tenso
           }
           l[n] += sum;
         }
-        values(o.data(), s.data(), vb, a.data(), e.data(), N, D, bs);
+        values(o.data(), s.data(), vrow.data(), a.data(), e.data(), N, D, L);
       }
       for (int64_t n = 0; n < N; ++n) {  // every row sees at least its own key: l > 0
         const float inv = 1.f / l[n];
