@@ -136,10 +136,14 @@ void scores(const float* q, const float* kt, int64_t N, int64_t D, int64_t bs, i
           hi[j] = _mm256_fmadd_ps(x, k1, hi[j]);
         }
       }
-      for (int64_t j = 0; j < nn; ++j) {
-        _mm256_storeu_ps(s + (n0 + j) * ld, lo[j]);
-        _mm256_storeu_ps(s + (n0 + j) * ld + 8, hi[j]);
+      // Stored by constant index only: a loop to nn would make the compiler keep lo/hi in memory
+      // (a store per FMA).
+      float tmp[6][16];
+      for (int j = 0; j < 6; ++j) {
+        _mm256_storeu_ps(tmp[j], lo[j]);
+        _mm256_storeu_ps(tmp[j] + 8, hi[j]);
       }
+      for (int64_t j = 0; j < nn; ++j) std::copy(tmp[j], tmp[j] + 16, s + (n0 + j) * ld);
     }
     return;
   }
