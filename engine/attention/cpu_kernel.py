@@ -138,10 +138,14 @@ def paged_prefill(
     lens: torch.Tensor,
     scale: float,
     window: int | None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """[rows, heads, head_dim] causal attention of every prefill chunk's rows over its paged
-    context (the chunk's own keys already written to the cache)."""
+    context (the chunk's own keys already written to the cache), into `out` when given. q's rows
+    may be strided (each row's heads contiguous)."""
     assert load() is not None, "paged_prefill called without a built kernel"
-    return torch.ops.conveyor.paged_prefill(
-        q, k_cache, v_cache, tables, starts, lens, scale, -1 if window is None else window
+    out = torch.empty(q.shape, dtype=q.dtype) if out is None else out
+    torch.ops.conveyor.paged_prefill(
+        q, k_cache, v_cache, tables, starts, lens, scale, -1 if window is None else window, out
     )
+    return out

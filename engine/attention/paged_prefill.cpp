@@ -203,13 +203,17 @@ struct Task {
 
 }  // namespace
 
-// q [T, heads, D]: the chunks' rows one after another; caches as in paged_decode; tables
+// q [T, heads, D] (rows may be strided: a view into the fused qkv projection), the chunks' rows
+// one after another; out: contiguous, the same shape, written in place; caches as in paged_decode; tables
 // [chunks, width] int32; starts, lens [chunks] int32 (chunk c's rows are positions
 // start .. start + len - 1, its context start + len, every key already written to the cache).
 // A row at position p attends to keys (max(0, p - window), p] (window < 0: no window).
-torch::Tensor paged_prefill(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor tables,
-                            torch::Tensor starts, torch::Tensor lens, double scale, int64_t window) {
-  TORCH_CHECK(q.dim() == 3 && q.is_contiguous() && q.scalar_type() == at::kFloat, "q: contiguous fp32 [rows, heads, D]");
+void paged_prefill(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor tables,
+                   torch::Tensor starts, torch::Tensor lens, double scale, int64_t window, torch::Tensor out) {
+  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.stride(2) == 1 && q.stride(1) == q.size(2),
+              "q: fp32 [rows, heads, D], each row's heads contiguous");
+  TORCH_CHECK(out.is_contiguous() && out.scalar_type() == at::kFloat && out.sizes() == q.sizes(),
+              "out: contiguous fp32, q's shape");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.scalar_type() == at::kFloat &&
                   v_cache.scalar_type() == at::kFloat && k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(),
               "caches: contiguous fp32 [blocks, kv_heads, block_size, D]");
@@ -246,8 +250,8 @@ torch::Tensor paged_prefill(torch::Tensor q, torch::Tensor k_cache, torch::Tenso
   // thread runs a task never changes its result.
   std::stable_sort(tasks.begin(), tasks.end(), [](const Task& x, const Task& y) { return x.cost > y.cost; });
 
-  auto out = torch::empty_like(q);
   const float* qp = q.data_ptr<float>();
+  const int64_t q_row = q.stride(0);
   const float* kp = k_cache.data_ptr<float>();
   const float* vp = v_cache.data_ptr<float>();
   float* op = out.data_ptr<float>();
@@ -268,7 +272,7 @@ torch::Tensor paged_prefill(torch::Tensor q, torch::Tensor k_cache, torch::Tenso
       const int32_t* table = tp + task.chunk * width;
       // Vector n = (row n / G, query head h * G + n % G), scale folded in once.
       for (int64_t r = 0; r < task.rows; ++r) {
-        const float* src = qp + ((first_row[task.chunk] + task.row + r) * H + h * G) * D;
+        const float* src = qp + (first_row[task.chunk] + task.row + r) * q_row + h * G * D;
         for (int64_t j = 0; j < G * D; ++j) qs[r * G * D + j] = src[j] * fscale;
       }
       std::fill(o.begin(), o.begin() + N * D, 0.f);
@@ -314,13 +318,12 @@ torch::Tensor paged_prefill(torch::Tensor q, torch::Tensor k_cache, torch::Tenso
       }
     }
   });
-  return out;
 }
 
 // Registered as a torch op (torch.ops.conveyor.paged_prefill) rather than a pybind function: it is
 // compiled into the same extension as paged_decode.cpp, which owns the module's PYBIND11_MODULE.
 TORCH_LIBRARY_FRAGMENT(conveyor, m) {
   m.def("paged_prefill(Tensor q, Tensor k_cache, Tensor v_cache, Tensor tables, Tensor starts, Tensor lens, "
-        "float scale, int window) -> Tensor",
+        "float scale, int window, Tensor(a!) out) -> ()",
         &paged_prefill);
 }

@@ -200,9 +200,8 @@ class TorchAttention:
             self._decode(q, k_cache, v_cache, grp, self._mask(meta, 0, i, window), out)
         if meta.paged_prefill is not None:
             p = meta.paged_prefill
-            out[p.row :] = cpu_kernel.paged_prefill(
-                q[p.row :].contiguous(), k_cache, v_cache, p.tables, p.starts, p.lens, self.g.scale, window
-            )
+            args = (p.tables, p.starts, p.lens, self.g.scale, window)
+            cpu_kernel.paged_prefill(q[p.row :], k_cache, v_cache, *args, out=out[p.row :])
         for i, chunk in enumerate(meta.prefills):
             self._prefill(q, k, v, k_cache, v_cache, chunk, self._mask(meta, 1, i, window), out)
         return out.view(q.shape[0], self.g.num_heads * hd)

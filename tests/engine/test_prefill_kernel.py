@@ -165,7 +165,8 @@ def _backend_step(
         slots += [table[pos // bs] * bs + pos % bs for pos in range(ctx - n, ctx)]
     batch = AttentionBatch(2, query_lens, context_lens, tables, torch.tensor(slots))
     rows = sum(query_lens)
-    q, k, v = (torch.randn(rows, h, hd, generator=g) for h in (heads, kv, kv))
+    qk = torch.randn(rows, heads + kv, hd, generator=g)  # strided views, as the model passes them
+    q, k, v = qk[:, :heads], qk[:, heads:], torch.randn(rows, kv, hd, generator=g)
     meta = backend.prepare(batch)
     return backend.prefill_kernel, backend.forward(q, k, v, k_cache, v_cache, meta, window)
 
