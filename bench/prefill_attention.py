@@ -126,7 +126,7 @@ def micro(repeats: int) -> None:
         )
 
 
-def engine_ab(repeats: int) -> None:
+def engine_ab(repeats: int, n_requests: int) -> None:
     """bench/engine.py's mixed workload through one Engine, prefill kernel off and on in turn."""
     from transformers import AutoConfig
 
@@ -144,8 +144,8 @@ def engine_ab(repeats: int) -> None:
         sys.exit(f"the prefill kernel is not in use: {cpu_kernel.unavailable_reason()}")
     config = AutoConfig.from_pretrained(source.path)
     f_prompt, f_gen = flops_per_token(config)
-    requests = workload("mixed", config.vocab_size)
-    print(f"\n== engine, mixed workload, fp32 matmul peak {peak / 1e9:.0f} GFLOP/s")
+    requests = workload("mixed", config.vocab_size, n_requests)
+    print(f"\n== engine, mixed workload ({n_requests} requests), fp32 matmul peak {peak / 1e9:.0f} GFLOP/s")
     tps: dict[bool, list[float]] = {False: [], True: []}
     for _ in range(repeats):
         for kernel in (False, True):
@@ -171,11 +171,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5, help="A-B pairs per micro case")
     parser.add_argument("--engine", type=int, default=0, metavar="N", help="also N A-B pairs of the engine")
+    parser.add_argument("--requests", type=int, default=64, help="engine: requests (bench/engine.py: 64)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     micro(args.repeats)
     if args.engine:
-        engine_ab(args.engine)
+        engine_ab(args.engine, args.requests)
 
 
 if __name__ == "__main__":
