@@ -95,15 +95,24 @@ inline float softmax_span(float* sn, int64_t L, int64_t a, int64_t e, float& m) 
       const __m256i i = _mm256_add_epi32(lane, _mm256_set1_epi32(static_cast<int>(t)));
       return _mm256_castsi256_ps(_mm256_and_si256(_mm256_cmpgt_epi32(i, av), _mm256_cmpgt_epi32(ev, i)));
     };
+    // Most spans are visible whole: no mask then (the same lanes, the same results).
+    const bool whole = a == 0 && e == L;
     __m256 mx = ninf;
-    for (int64_t t = 0; t < L; t += 8) mx = _mm256_max_ps(mx, _mm256_blendv_ps(ninf, _mm256_loadu_ps(sn + t), mask(t)));
+    for (int64_t t = 0; t < L; t += 8) {
+      const __m256 x = _mm256_loadu_ps(sn + t);
+      mx = _mm256_max_ps(mx, whole ? x : _mm256_blendv_ps(ninf, x, mask(t)));
+    }
     m = std::max(m, hmax8(mx));
     const __m256 mv = _mm256_set1_ps(m);
     __m256 sum = _mm256_setzero_ps();
     for (int64_t t = 0; t < L; t += 8) {
-      const __m256 k = mask(t);
-      const __m256 x = _mm256_blendv_ps(ninf, _mm256_loadu_ps(sn + t), k);
-      const __m256 p = _mm256_and_ps(exp8(_mm256_sub_ps(x, mv)), k);
+      __m256 p;
+      if (whole) {
+        p = exp8(_mm256_sub_ps(_mm256_loadu_ps(sn + t), mv));
+      } else {
+        const __m256 k = mask(t);
+        p = _mm256_and_ps(exp8(_mm256_sub_ps(_mm256_blendv_ps(ninf, _mm256_loadu_ps(sn + t), k), mv)), k);
+      }
       _mm256_storeu_ps(sn + t, p);
       sum = _mm256_add_ps(sum, p);
     }
