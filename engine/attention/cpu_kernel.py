@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).with_name("paged_decode.cpp")
 _PREFILL = Path(__file__).with_name("paged_prefill.cpp")  # a torch op in the same module
+_HEADERS = [Path(__file__).with_name("simd_avx2.h")]
 ENV = "CONVEYOR_CPU_ATTENTION"
 INSTALL_HINT = "install a C++ compiler and the Python headers (e.g. apt-get install g++ python3-dev)"
 _unavailable: str | None = None  # why the last load() gave None
@@ -47,7 +48,8 @@ def _build_dir() -> Path:
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "conveyor" / "torch_extensions"
     version = torch.__version__.replace("+", "_")
     # Keyed by the sources too: checkouts with different kernels must not rebuild each other's.
-    sources = hashlib.sha1(_SOURCE.read_bytes() + _PREFILL.read_bytes()).hexdigest()[:8]
+    code = b"".join(path.read_bytes() for path in [_SOURCE, _PREFILL, *_HEADERS])
+    sources = hashlib.sha1(code).hexdigest()[:8]
     path = Path(root) / f"paged_decode-{version}-{_cpu_tag()}-{sources}"
     path.mkdir(parents=True, exist_ok=True)
     return path

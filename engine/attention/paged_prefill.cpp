@@ -6,9 +6,9 @@
 // One task = (chunk, KV head, tile of up to kTile query rows). The tile's G * rows query vectors
 // (the whole GQA group of each row: K/V loaded once for all of them) walk the key blocks in order
 // with an online softmax (running max and sum, output rescaled when the max grows), flash-attention
-// style, a span of ~64 keys (whole blocks, aligned to absolute positions) per softmax step: the
-// per-step work of a vector (max, sum, rescale) is then small beside the span's FMAs. Causal and window masks are
-// per-row token ranges within a block: masked lanes get p = 0 exactly, and a block with no visible
+// style, over spans of ~64 keys (whole blocks, aligned to absolute positions): a vector's per-step
+// work (max, sum, rescale) is then small beside the span's FMAs. Causal and window masks are
+// per-row token ranges within a span: masked lanes get p = 0 exactly, and a span with no visible
 // key for a row leaves that row untouched.
 //
 // Bitwise batch invariance: a query vector's result depends only on its own values, its position
@@ -23,62 +23,21 @@
 #include <atomic>
 #include <cmath>
 #include <limits>
-#include <numeric>
 #include <vector>
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define CONVEYOR_PREFILL_AVX2 1
-#endif
+#include "simd_avx2.h"
 
 namespace {
+
+#ifdef CONVEYOR_SIMD_AVX2
+using conveyor_simd::exp8;
+using conveyor_simd::hmax8;
+using conveyor_simd::hsum8;
+#endif
 
 constexpr int64_t kTile = 16;  // query rows per task: G * 16 vectors share each K/V block load
 constexpr int64_t kSpan = 64;  // keys per online-softmax step, rounded to whole blocks
 
-#ifdef CONVEYOR_PREFILL_AVX2
-// exp for 8 lanes (Cephes polynomial, ~2 ulp), the same as paged_decode.cpp's: inputs are
-// score - running max <= 0, and below -87 the result flushes to ~0 (masked lanes are zeroed after).
-inline __m256 exp8(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
-  x = _mm256_min_ps(x, _mm256_set1_ps(88.3f));
-  __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-  const float c[] = {1.3981999507E-3f, 8.3334519073E-3f, 4.1665795894E-2f, 1.6666665459E-1f, 5.0000001201E-1f};
-  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
-  for (float ci : c) y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(ci));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
-#endif
-
-// p[t] = exp(p[t] - m) for t in [a, e), 0 elsewhere in [0, bs).
-void exp_range(float* p, int64_t bs, int64_t a, int64_t e, float m) {
-  int64_t t = 0;
-#ifdef CONVEYOR_PREFILL_AVX2
-  const __m256 mv = _mm256_set1_ps(m);
-  for (; t + 8 <= bs; t += 8) _mm256_storeu_ps(p + t, exp8(_mm256_sub_ps(_mm256_loadu_ps(p + t), mv)));
-#endif
-  for (; t < bs; ++t) p[t] = std::exp(p[t] - m);
-  std::fill(p, p + a, 0.f);
-  std::fill(p + e, p + bs, 0.f);
-}
-
-#ifdef CONVEYOR_PREFILL_AVX2
-inline float hmax8(__m256 v) {
-  __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-  return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
-}
-
-inline float hsum8(__m256 v) {
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-}
-#endif
 
 // One span of one vector's online softmax, in place: s[t] becomes exp(s[t] - m') for t in [a, e)
 // and 0 elsewhere in [0, L), where m' = max(m, max s[a..e)) is written back to m; returns the sum
@@ -86,7 +45,7 @@ inline float hsum8(__m256 v) {
 // adds and maxes), so the span stays in vectors with the mask as lanes; lanes outside [a, e) may
 // hold anything (they are never computed for blocks before the window).
 inline float softmax_span(float* sn, int64_t L, int64_t a, int64_t e, float& m) {
-#ifdef CONVEYOR_PREFILL_AVX2
+#ifdef CONVEYOR_SIMD_AVX2
   if (L % 8 == 0) {
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const __m256i av = _mm256_set1_epi32(static_cast<int>(a) - 1), ev = _mm256_set1_epi32(static_cast<int>(e));
@@ -120,16 +79,18 @@ inline float softmax_span(float* sn, int64_t L, int64_t a, int64_t e, float& m) 
   }
 #endif
   m = std::max(m, *std::max_element(sn + a, sn + e));
-  exp_range(sn, L, a, e, m);
   float sum = 0.f;
-  for (int64_t t = a; t < e; ++t) sum += sn[t];
+  for (int64_t t = 0; t < L; ++t) {
+    sn[t] = t >= a && t < e ? std::exp(sn[t] - m) : 0.f;
+    sum += sn[t];
+  }
   return sum;
 }
 
 // s[n * ld + t] = q[n] . k[t] for the block's bs tokens (all lanes; masking comes later). K is
 // [D, bs]: for each dimension one load of K's row serves six query vectors, twelve FMA chains.
 void scores(const float* q, const float* kt, int64_t N, int64_t D, int64_t bs, int64_t ld, float* s) {
-#ifdef CONVEYOR_PREFILL_AVX2
+#ifdef CONVEYOR_SIMD_AVX2
   if (bs == 16) {
     for (int64_t n0 = 0; n0 < N; n0 += 6) {
       const int64_t nn = std::min<int64_t>(6, N - n0);
@@ -177,7 +138,7 @@ void values(float* o, const float* p, const float* const* vrow, const int64_t* a
     const float* p0 = p + n0 * L;
     const float* p1 = p + n1 * L;
     int64_t d = 0;
-#ifdef CONVEYOR_PREFILL_AVX2
+#ifdef CONVEYOR_SIMD_AVX2
     for (; d + 32 <= D; d += 32) {
       __m256 x[4], y[4];
       for (int j = 0; j < 4; ++j) x[j] = _mm256_loadu_ps(o + n0 * D + d + 8 * j);
