@@ -1,13 +1,14 @@
-"""The C++ paged decode-attention kernel (paged_decode.cpp), built on first use.
+"""The C++ paged attention kernels (paged_decode.cpp, paged_prefill.cpp), built on first use.
 
 torch's cpp_extension compiles it once into a cache directory ($TORCH_EXTENSIONS_DIR, else
 ~/.cache/conveyor/torch_extensions) and later processes load the built module in well under a
 second. It is built with -march=native, so the directory is keyed by the CPU's feature flags: a
 cache shared between different machines never hands one a binary for the other's instructions.
 
-CONVEYOR_CPU_ATTENTION=torch turns it off. If it cannot be built (no C++ compiler, no Python
-headers) the engine logs a warning and keeps the torch attention path: slower, never broken;
-`unavailable_reason()` says why.
+CONVEYOR_CPU_ATTENTION=torch turns both off; =decode keeps the decode kernel and sends prefill
+chunks through torch SDPA (the path before paged_prefill.cpp, kept for side-by-side benchmarks).
+If it cannot be built (no C++ compiler, no Python headers) the engine logs a warning and keeps the
+torch attention path: slower, never broken; `unavailable_reason()` says why.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import torch
 logger = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).with_name("paged_decode.cpp")
+_PREFILL = Path(__file__).with_name("paged_prefill.cpp")  # a torch op in the same module
+_HEADERS = [Path(__file__).with_name("simd_avx2.h")]
 ENV = "CONVEYOR_CPU_ATTENTION"
 INSTALL_HINT = "install a C++ compiler and the Python headers (e.g. apt-get install g++ python3-dev)"
 _unavailable: str | None = None  # why the last load() gave None
@@ -44,7 +47,10 @@ def _cpu_tag() -> str:
 def _build_dir() -> Path:
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "conveyor" / "torch_extensions"
     version = torch.__version__.replace("+", "_")
-    path = Path(root) / f"paged_decode-{version}-{_cpu_tag()}"
+    # Keyed by the sources too: checkouts with different kernels must not rebuild each other's.
+    code = b"".join(path.read_bytes() for path in [_SOURCE, _PREFILL, *_HEADERS])
+    sources = hashlib.sha1(code).hexdigest()[:8]
+    path = Path(root) / f"paged_decode-{version}-{_cpu_tag()}-{sources}"
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -58,8 +64,8 @@ def load() -> ModuleType | None:
     if choice == "torch":
         _unavailable = f"turned off by {ENV}=torch (unset it to use the kernel)"
         return None
-    if choice != "kernel":
-        logger.warning("%s=%r is not 'torch' or 'kernel'; using the kernel", ENV, choice)
+    if choice not in ("kernel", "decode"):
+        logger.warning("%s=%r is not 'torch', 'decode' or 'kernel'; using the kernel", ENV, choice)
     from torch.utils import cpp_extension
 
     build = _build_dir()
@@ -70,7 +76,7 @@ def load() -> ModuleType | None:
     try:
         module = cpp_extension.load(
             name="conveyor_paged_decode",
-            sources=[str(_SOURCE)],
+            sources=[str(_SOURCE), str(_PREFILL)],
             extra_cflags=["-O3", "-march=native", "-fopenmp"],
             extra_ldflags=["-fopenmp"],
             build_directory=str(build),
@@ -117,3 +123,31 @@ def paged_decode(
     module = load()
     assert module is not None, "paged_decode called without a built kernel"
     return module.paged_decode(q, k_cache, v_cache, tables, context, scale, -1 if window is None else window)
+
+
+def prefill_enabled() -> bool:
+    """Whether prefill chunks go through paged_prefill (the kernel is built and not limited to
+    decode by CONVEYOR_CPU_ATTENTION=decode)."""
+    return load() is not None and os.environ.get(ENV, "kernel").strip().lower() != "decode"
+
+
+def paged_prefill(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    tables: torch.Tensor,
+    starts: torch.Tensor,
+    lens: torch.Tensor,
+    scale: float,
+    window: int | None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """[rows, heads, head_dim] causal attention of every prefill chunk's rows over its paged
+    context (the chunk's own keys already written to the cache), into `out` when given. q's rows
+    may be strided (each row's heads contiguous)."""
+    assert load() is not None, "paged_prefill called without a built kernel"
+    out = torch.empty(q.shape, dtype=q.dtype) if out is None else out
+    torch.ops.conveyor.paged_prefill(
+        q, k_cache, v_cache, tables, starts, lens, scale, -1 if window is None else window, out
+    )
+    return out

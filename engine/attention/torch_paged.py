@@ -13,8 +13,11 @@ by one through SDPA.
 
 On CPU with fp32, decode rows instead go through the C++ kernel of cpu_kernel.py, which reads the
 blocks in place through the block tables: decode attention is memory-bound, and the gather reads and
-writes every K/V byte before SDPA reads it again. The gather path above stays as the fallback
-(CONVEYOR_CPU_ATTENTION=torch, or no compiler) and for other devices and dtypes.
+writes every K/V byte before SDPA reads it again. All prefill chunks of a step go through one call of
+the C++ prefill kernel (paged_prefill.cpp: query tiles x key blocks, online softmax, in place
+through the block tables, tasks over (chunk, KV head, tile) on all threads) instead of SDPA chunk
+by chunk. The gather path above stays as the fallback (CONVEYOR_CPU_ATTENTION=torch, or no
+compiler; =decode keeps SDPA for prefill only) and for other devices and dtypes.
 """
 
 from __future__ import annotations
@@ -60,12 +63,23 @@ class _PagedDecode:
 
 
 @dataclass(slots=True)
+class _PagedPrefill:
+    """All prefill chunks, for the C++ prefill kernel: int32 block tables padded to the widest."""
+
+    row: int  # first prefill row in the flattened batch
+    tables: torch.Tensor  # [chunks, max_blocks]
+    starts: torch.Tensor  # [chunks] position of each chunk's first row
+    lens: torch.Tensor  # [chunks]
+
+
+@dataclass(slots=True)
 class TorchMeta:
     slot_blocks: torch.Tensor  # [T] block of each new token
     slot_offsets: torch.Tensor  # [T] its position in that block
     decode: list[_DecodeGroup]
     paged: _PagedDecode | None
     prefills: list[_Prefill]
+    paged_prefill: _PagedPrefill | None
     # Masks, built by the first layer that needs one and reused by the others.
     masks: dict[tuple[int, int, int | None], torch.Tensor | None] = field(default_factory=dict)
 
@@ -82,6 +96,7 @@ class TorchAttention:
         # Built (or loaded from its cache) here, at startup, rather than inside the first step.
         on_cpu = geometry.device.type == "cpu" and geometry.dtype == torch.float32
         self.kernel = on_cpu and cpu_kernel.load() is not None
+        self.prefill_kernel = self.kernel and cpu_kernel.prefill_enabled()
 
     def cache_shape(self) -> tuple[int, ...]:
         g = self.g
@@ -119,12 +134,14 @@ class TorchAttention:
                 blocks = torch.tensor(batch.block_tables[i][: -(-ctx // bs)], dtype=torch.long, device=device)
             prefills.append(_Prefill(row=row, length=length, start=start, blocks=blocks))
             row += length
+        paged_prefill = self._paged_prefill(batch) if self.prefill_kernel and prefills else None
         return TorchMeta(
             slot_blocks=batch.slots // bs,
             slot_offsets=batch.slots % bs,
             decode=decode,
             paged=paged,
-            prefills=prefills,
+            prefills=[] if paged_prefill else prefills,
+            paged_prefill=paged_prefill,
         )
 
     def _paged(self, batch: AttentionBatch) -> _PagedDecode:
@@ -138,6 +155,22 @@ class TorchAttention:
         ]
         return _PagedDecode(
             tables=torch.tensor(tables, dtype=torch.int32), context=torch.tensor(context, dtype=torch.int32)
+        )
+
+    def _paged_prefill(self, batch: AttentionBatch) -> _PagedPrefill:
+        bs, first = self.g.block_size, batch.num_decode
+        widths = [-(-ctx // bs) for ctx in batch.context_lens[first:]]
+        tables = [
+            table[:w] + [self.g.scratch_block] * (max(widths) - w)
+            for table, w in zip(batch.block_tables[first:], widths, strict=True)
+        ]
+        lens = batch.query_lens[first:]
+        starts = [ctx - n for ctx, n in zip(batch.context_lens[first:], lens, strict=True)]
+        return _PagedPrefill(
+            row=first,  # decode rows have one query each
+            tables=torch.tensor(tables, dtype=torch.int32),
+            starts=torch.tensor(starts, dtype=torch.int32),
+            lens=torch.tensor(lens, dtype=torch.int32),
         )
 
     def forward(
@@ -165,6 +198,10 @@ class TorchAttention:
             )
         for i, grp in enumerate(meta.decode):
             self._decode(q, k_cache, v_cache, grp, self._mask(meta, 0, i, window), out)
+        if meta.paged_prefill is not None:
+            p = meta.paged_prefill
+            args = (p.tables, p.starts, p.lens, self.g.scale, window)
+            cpu_kernel.paged_prefill(q[p.row :], k_cache, v_cache, *args, out=out[p.row :])
         for i, chunk in enumerate(meta.prefills):
             self._prefill(q, k, v, k_cache, v_cache, chunk, self._mask(meta, 1, i, window), out)
         return out.view(q.shape[0], self.g.num_heads * hd)

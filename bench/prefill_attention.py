@@ -1,0 +1,184 @@
+"""Prefill attention on CPU, old path (SDPA chunk by chunk over gathered K/V) against the C++ paged
+prefill kernel, side by side in one process.
+
+    .venv/bin/python bench/prefill_attention.py                # micro: one layer's attention
+    .venv/bin/python bench/prefill_attention.py --engine 2     # + bench/engine.py's mixed workload, A-B x 2
+
+Micro: SmolLM2-135M geometry (9 heads, 3 KV heads, head_dim 64, the engine's block size), blocks
+shuffled in the cache, for single fresh chunks of 32..512 rows, a chunk continuing a prompt
+(start > 0), and a mixed step of ragged chunks (prompt lengths 32..512, seeded, up to the engine's
+prefill token budget). Both paths get the same inputs; old and new alternate within each repeat,
+and the figures are medians over repeats of each
+side's fastest call in 0.2 s. GFLOP/s counts 4 x head_dim x heads per visible (query,
+key) pair; the ratio's spread is the min..max of the per-repeat ratios.
+
+--engine N: the mixed workload of bench/engine.py on the real model through one Engine, N times
+each path, alternating old, new, old, new (the same as running bench/engine.py --workload mixed
+--skip-hf with CONVEYOR_CPU_ATTENTION=decode, then unset, but in one sitting and one process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.attention import AttentionBatch, AttentionGeometry, cpu_kernel  # noqa: E402
+from engine.attention.torch_paged import TorchAttention  # noqa: E402
+from engine.config import EngineConfig  # noqa: E402
+
+HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
+
+
+def _cases(budget: int) -> dict[str, list[tuple[int, int]]]:
+    """name -> chunks as (start, length)."""
+    cases = {f"fresh {n}": [(0, n)] for n in (32, 64, 128, 256, 512)}
+    cases["continue 256+256"] = [(256, 256)]
+    rng = random.Random(0)
+    mixed: list[tuple[int, int]] = []
+    while sum(n for _, n in mixed) < budget:
+        mixed.append((0, min(rng.randint(32, 512), budget - sum(n for _, n in mixed))))
+    cases[f"mixed {len(mixed)} chunks"] = mixed
+    cases["mixed 8 x 32..512"] = [(0, random.Random(1).randint(32, 512)) for _ in range(8)]
+    return cases
+
+
+def _batch(chunks: list[tuple[int, int]], bs: int, blocks: list[int]) -> AttentionBatch:
+    """A prefill-only step: every chunk's context laid out on shuffled blocks."""
+    tables, slots, used = [], [], 0
+    for start, n in chunks:
+        width = -(-(start + n) // bs)
+        tables.append(blocks[used : used + width])
+        used += width
+        slots += [tables[-1][p // bs] * bs + p % bs for p in range(start, start + n)]
+    return AttentionBatch(0, [n for _, n in chunks], [s + n for s, n in chunks], tables, torch.tensor(slots))
+
+
+def _flops(chunks: list[tuple[int, int]]) -> float:
+    pairs = sum((start + 1 + start + n) * n / 2 for start, n in chunks)  # row p sees p + 1 keys
+    return 4.0 * HEAD_DIM * HEADS * pairs
+
+
+def _time(fn, min_seconds: float = 0.2) -> float:  # type: ignore[no-untyped-def]
+    """The fastest of the calls made in min_seconds (at least three): on a shared machine the
+    fastest call is the one least disturbed by other processes."""
+    fn()
+    best, runs, start = float("inf"), 0, time.perf_counter()
+    while runs < 3 or time.perf_counter() - start < min_seconds:
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+        runs += 1
+    return best
+
+
+def micro(repeats: int) -> None:
+    bs, budget = EngineConfig().block_size, EngineConfig().max_batch_prefill_tokens
+    num_blocks = 2 * budget // bs + 64
+    geometry = AttentionGeometry(
+        HEADS, KV_HEADS, HEAD_DIM, bs, num_blocks, torch.device("cpu"), torch.float32
+    )
+    new = TorchAttention(geometry)
+    if not new.prefill_kernel:
+        sys.exit(f"the prefill kernel is not available: {cpu_kernel.unavailable_reason()}")
+    old = TorchAttention(geometry)
+    old.prefill_kernel = False  # what CONVEYOR_CPU_ATTENTION=decode selects
+    k_cache, v_cache = torch.randn(new.cache_shape()), torch.randn(new.cache_shape())
+    blocks = list(range(num_blocks))
+    random.Random(0).shuffle(blocks)
+    print(f"block_size {bs}, {torch.get_num_threads()} threads, {repeats} repeats (medians)")
+    print(
+        f"{'case':24s} {'rows':>5s} {'old GFLOP/s':>12s} {'new GFLOP/s':>12s} {'new/old':>8s} {'spread':>12s}"
+    )
+    for name, chunks in _cases(budget).items():
+        batch = _batch(chunks, bs, blocks)
+        old_meta, p = old.prepare(batch), new.prepare(batch).paged_prefill
+        rows = sum(batch.query_lens)
+        qk = torch.randn(rows, HEADS + KV_HEADS, HEAD_DIM)  # as the model hands them: views of one tensor
+        q, k, v = qk[:, :HEADS], qk[:, HEADS:], torch.randn(rows, KV_HEADS, HEAD_DIM)
+        out = q.new_empty(q.shape)
+
+        def run_old() -> None:  # noqa: B023 - run in this iteration only
+            for i, chunk in enumerate(old_meta.prefills):  # noqa: B023
+                old._prefill(q, k, v, k_cache, v_cache, chunk, old._mask(old_meta, 1, i, None), out)  # noqa: B023
+
+        def run_new() -> None:
+            args = (p.tables, p.starts, p.lens, geometry.scale, None)  # noqa: B023
+            cpu_kernel.paged_prefill(q, k_cache, v_cache, *args, out=out)  # noqa: B023
+
+        times: dict[str, list[float]] = {"old": [], "new": []}
+        for _ in range(repeats):
+            times["old"].append(_time(run_old))
+            times["new"].append(_time(run_new))
+        ratios = [o / n for o, n in zip(times["old"], times["new"], strict=True)]
+        flops = _flops(chunks)
+        t_old, t_new = statistics.median(times["old"]), statistics.median(times["new"])
+        print(
+            f"{name:24s} {rows:5d} {flops / t_old / 1e9:12.1f} {flops / t_new / 1e9:12.1f} "
+            f"{statistics.median(ratios):7.2f}x {min(ratios):5.2f}..{max(ratios):.2f}"
+        )
+
+
+def engine_ab(repeats: int, n_requests: int) -> None:
+    """bench/engine.py's mixed workload through one Engine, prefill kernel off and on in turn."""
+    from transformers import AutoConfig
+
+    from bench.engine import flops_per_token, matmul_peak, run_engine, workload
+    from engine.engine import Engine
+    from engine.loader import resolve_model
+
+    peak = max(matmul_peak().values())
+    source = resolve_model(None)
+    engine = Engine.from_pretrained(
+        source.path, EngineConfig(enable_prefix_caching=False, kv_cache_memory=4 * 1024**3)
+    )
+    attention = engine.runner.attention
+    if not getattr(attention, "prefill_kernel", False):
+        sys.exit(f"the prefill kernel is not in use: {cpu_kernel.unavailable_reason()}")
+    config = AutoConfig.from_pretrained(source.path)
+    f_prompt, f_gen = flops_per_token(config)
+    requests = workload("mixed", config.vocab_size, n_requests)
+    print(f"\n== engine, mixed workload ({n_requests} requests), fp32 matmul peak {peak / 1e9:.0f} GFLOP/s")
+    tps: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(repeats):
+        for kernel in (False, True):
+            attention.prefill_kernel = kernel
+            result, _ = run_engine(engine, requests)
+            tps[kernel].append(result.total_tps)
+            mfu = (result.prompt_tokens * f_prompt + result.output_tokens * f_gen) / result.seconds / peak
+            label = "new (prefill kernel)" if kernel else "old (SDPA prefill)"
+            print(
+                f"{label:22s} total {result.total_tps:7.1f} tok/s  MFU {100 * mfu:5.1f} %"
+                f"  ({result.seconds:.1f} s)"
+            )
+    ratios = [n / o for o, n in zip(tps[False], tps[True], strict=True)]
+    print(
+        f"new/old total tok/s: median {statistics.median(ratios):.3f} ({min(ratios):.3f}..{max(ratios):.3f})"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5, help="A-B pairs per micro case")
+    parser.add_argument("--engine", type=int, default=0, metavar="N", help="also N A-B pairs of the engine")
+    parser.add_argument("--requests", type=int, default=64, help="engine: requests (bench/engine.py: 64)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    micro(args.repeats)
+    if args.engine:
+        engine_ab(args.engine, args.requests)
+
+
+if __name__ == "__main__":
+    with torch.inference_mode():
+        main()
