@@ -1,6 +1,6 @@
 """The paged decode kernel on ragged batches: a baseline kernel against this tree's, side by side.
 
-    .venv/bin/python bench/decode_attention.py [--base-ref 4f2e818] [--threads 2] [--rounds 7]
+    .venv/bin/python bench/decode_attention.py [--base-ref 4f2e818] [--threads 2] [--rounds 30]
 
 Builds the kernel source of git ref --base-ref (before context partitions: one task per row) as a
 second extension, then times both in one process, interleaved A-B per round on the same inputs:
@@ -8,8 +8,11 @@ batches of 16, 32 and 64 rows with contexts uniform in 32..768 tokens (seeded), 
 geometry (9 heads, 3 KV heads, head_dim 64, block size 16), blocks shuffled over a cache larger
 than the last-level cache (one layer's K/V of several batches, cycled, so each call reads cold
 memory as the engine's 30 layers do). This tree's kernel also runs at a few partition sizes.
-Prints per batch the best and median time of each over the rounds, base/new of the best times, and
-base/new per round (median, min..max): on a shared machine the best time is the least disturbed.
+Prints per batch the work imbalance each kernel's schedule gives (context tokens of the busiest
+thread over the mean: the base splits rows into one contiguous run per thread, the new one hands
+partitions longest first to the first free thread), then the best and median time of each over
+the rounds, base/new of the best times, and base/new per round (median, min..max): on a shared
+machine the best time is the least disturbed.
 """
 
 from __future__ import annotations
@@ -68,6 +71,20 @@ def batches(rows: int, copies: int, rng: random.Random, k_cache: torch.Tensor) -
     return out
 
 
+def imbalance(ctxs: list[int], threads: int, partition: int | None) -> float:
+    """Busiest thread's tokens / mean, under the base's static split (partition None) or the new
+    kernel's longest-first list scheduling of partitions (cost = tokens)."""
+    if partition is None:
+        chunk = -(-len(ctxs) // threads)
+        loads = [sum(ctxs[t * chunk : (t + 1) * chunk]) for t in range(threads)]
+    else:
+        tasks = sorted((min(partition, c - lo) for c in ctxs for lo in range(0, c, partition)), reverse=True)
+        loads = [0] * threads
+        for cost in tasks:
+            loads[loads.index(min(loads))] += cost
+    return max(loads) / (sum(ctxs) / threads)
+
+
 def timed(call: Callable[[tuple], torch.Tensor], inputs: list[tuple], calls: int) -> float:
     call(inputs[0])
     t0 = time.perf_counter()
@@ -115,7 +132,13 @@ def main() -> None:
         for _ in range(args.rounds):
             for name, call in kernels.items():
                 times[name].append(timed(call, inputs, args.calls))
-        tokens = sum(int(c) for c in inputs[0][2])
+        ctxs = [int(c) for c in inputs[0][2]]
+        tokens = sum(ctxs)
+        balance = ", ".join(
+            f"{name} {imbalance(ctxs, args.threads, None if name == 'base' else int(name.split('=')[1])):.3f}"
+            for name in kernels
+        )
+        print(f"\n{rows} rows: busiest thread / mean at {args.threads} threads: {balance}")
         print(
             f"\n{rows} rows, {tokens} context tokens: best / median ms, base/new of the best,"
             " base/new per round median (min..max)"
