@@ -340,7 +340,8 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  // partition: 256 tokens measured fastest on ragged batches (bench/decode_attention.py).
+  // partition: 256 tokens, as vLLM's 512 halved for 2-16 CPU threads: a 768-token row is 3 tasks; smaller adds
+  // reductions, larger leaves threads idle on a few long rows (bench/decode_attention.py sweeps it).
   m.def("paged_decode", &paged_decode, "paged decode attention (fp32, CPU)", py::arg("q"), py::arg("k_cache"),
         py::arg("v_cache"), py::arg("tables"), py::arg("context"), py::arg("scale"), py::arg("window"),
         py::arg("partition") = 256);
