@@ -276,7 +276,13 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
   // Longest first: the short tasks left at the end even out the threads' finishing times. The
   // order changes only which thread computes a task, never what it computes.
   std::stable_sort(tasks.begin(), tasks.end(), [](const Task& a, const Task& b) { return a.hi - a.lo > b.hi - b.lo; });
-  std::vector<float> part_out(slots * H * D), part_max(slots * H), part_sum(slots * H);
+  // Kept between calls (grown, never shrunk): a fresh buffer of this size is a new mapping, page
+  // faults and an munmap on every call. Every value read is written first in this call.
+  thread_local std::vector<float> part_out, part_max, part_sum;
+  if (static_cast<int64_t>(part_out.size()) < slots * H * D) part_out.resize(slots * H * D);
+  if (static_cast<int64_t>(part_max.size()) < slots * H) part_max.resize(slots * H), part_sum.resize(slots * H);
+  // Pointers, not the names: inside the parallel region a thread_local name is that thread's own.
+  float *pout = part_out.data(), *pmax = part_max.data(), *psum = part_sum.data();
   const int64_t num_tasks = static_cast<int64_t>(tasks.size());
   std::atomic<int64_t> next{0};
   // Partitions still to compute per split row: whichever thread finishes the last one reduces the
@@ -307,8 +313,8 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
         exp_shift(si, n_ctx, m);
         const float sum = sum_of(si, n_ctx);
         if (task.slot >= 0) {  // kept unnormalised: the reduction rescales by the row's max
-          part_max[task.slot * H + i] = m;
-          part_sum[task.slot * H + i] = sum;
+          pmax[task.slot * H + i] = m;
+          psum[task.slot * H + i] = sum;
           continue;
         }
         const float inv = sum > 0.f ? 1.f / sum : 0.f;
@@ -326,11 +332,11 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
         std::copy(o.begin(), o.end(), op + r * H * D);
         continue;
       }
-      std::copy(o.begin(), o.end(), part_out.data() + task.slot * H * D);
+      std::copy(o.begin(), o.end(), pout + task.slot * H * D);
       // acq_rel: the reducing thread sees the partitions the other threads wrote.
       if (pending[task.split].fetch_sub(1, std::memory_order_acq_rel) == 1) {
         const int64_t s0 = first_slot[task.split];
-        reduce_row(part_out.data(), part_max.data(), part_sum.data(), s0, first_slot[task.split + 1] - s0, H, D,
+        reduce_row(pout, pmax, psum, s0, first_slot[task.split + 1] - s0, H, D,
                    op + r * H * D);
       }
     }
