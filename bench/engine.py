@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/engine.py                 # both workloads, all three systems
     .venv/bin/python bench/engine.py --workload peer --skip-hf
+    .venv/bin/python bench/engine.py --skip-hf --max-batch-prefill-tokens 4096,2048,4096  # A-B-A
 
 Workloads (all requests submitted at once):
   peer   64 requests, 256 random-token prompts, exactly 128 new tokens (EOS ignored): the workload
@@ -11,13 +12,17 @@ Systems: (a) HF `generate` one request at a time (on the first --one-at-a-time r
 does not depend on how many), (b) HF `generate` in padded static batches of 16 (each batch runs
 until its longest output), (c) this engine. Model FLOP utilisation = model FLOPs per second
 (2 × parameters used per token, per token processed) ÷ the fp32 matmul peak measured here: the
-fastest of torch.mm (MKL) and oneDNN on a 2048 × 2048 matmul.
+fastest of torch.mm (MKL) and oneDNN on a 2048 × 2048 matmul. With several
+--max-batch-prefill-tokens the engine runs the workload once per budget, in that order, in one
+process; each run prints TTFT p50/p99 (from submitting all requests to a request's first token)
+and TPOT p50 (mean time per token after the first, per request).
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -140,21 +145,38 @@ def run_hf_static(model, requests: list[Request], batch: int = 16) -> Result:  #
                   sum(r.max_new_tokens for r in requests), time.perf_counter() - start)
 
 
-def run_engine(engine: Engine, requests: list[Request]) -> tuple[Result, float]:
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def run_engine(engine: Engine, requests: list[Request]) -> tuple[Result, float, str]:
+    """The engine's result, CPU share outside the forward, and a TTFT / TPOT line."""
+    start = time.perf_counter()
     for k, r in enumerate(requests):
         stopping = StoppingParams(max_new_tokens=r.max_new_tokens, ignore_eos=True)
         engine.add(f"r{k}", r.prompt, stopping=stopping)
     total_out = sum(r.max_new_tokens for r in requests)
     done = 0
-    start = time.perf_counter()
+    first: dict[str, float] = {}
+    last: dict[str, tuple[float, int]] = {}  # request → (time of its latest token, tokens so far)
     engine.reset_timings()
     while engine.has_unfinished():
-        done += sum(1 for e in engine.step() if e.token_id is not None)
+        events = [e for e in engine.step() if e.token_id is not None]
+        now = time.perf_counter()
+        for e in events:
+            first.setdefault(e.request_id, now)
+            last[e.request_id] = (now, last.get(e.request_id, (now, 0))[1] + 1)
+        done += len(events)
         progress("engine", done, total_out, start)
     print(file=sys.stderr)
     seconds = time.perf_counter() - start
+    ttft = [t - start for t in first.values()]
+    tpot = [(t - first[rid]) / (n - 1) for rid, (t, n) in last.items() if n > 1]
+    latency = (f"TTFT p50 {percentile(ttft, 0.5):.2f} s  p99 {percentile(ttft, 0.99):.2f} s   "
+               f"TPOT p50 {1e3 * statistics.median(tpot):.0f} ms")
     return Result("(c) conveyor engine", sum(len(r.prompt) for r in requests), done, seconds), \
-        engine.overhead_share(min_batch=len(requests))
+        engine.overhead_share(min_batch=len(requests)), latency
 
 
 def main() -> None:
@@ -165,7 +187,10 @@ def main() -> None:
     parser.add_argument("--skip-hf", action="store_true", help="engine only")
     parser.add_argument("--one-at-a-time", type=int, default=8, help="requests for baseline (a)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--max-batch-prefill-tokens", default=str(EngineConfig.max_batch_prefill_tokens),
+                        help="comma-separated budgets: one engine run per budget, in this order")
     args = parser.parse_args()
+    budgets = [int(b) for b in args.max_batch_prefill_tokens.split(",")]
     torch.set_num_threads(args.threads)
 
     print("measuring the fp32 matmul peak ...", file=sys.stderr)
@@ -195,18 +220,21 @@ def main() -> None:
             with torch.inference_mode():
                 results.append(run_hf_one(hf, requests[: args.one_at_a_time]))
                 results.append(run_hf_static(hf, requests))
-        ours, overhead = run_engine(engine, requests)
-        results.append(ours)
         for r in results:
             print(f"{r.name:30s} total {r.total_tps:7.1f} tok/s   output {r.output_tps:6.1f} tok/s   "
                   f"({r.seconds:.1f} s)")
-        if hf is not None:
-            print(f"c/a = {ours.total_tps / results[0].total_tps:.2f}   "
-                  f"c/b = {ours.total_tps / results[1].total_tps:.2f}")
-        mfu = (ours.prompt_tokens * f_prompt + ours.output_tokens * f_gen) / ours.seconds / peak
-        print(f"engine model FLOP utilisation: {100 * mfu:.1f} % of {peak / 1e9:.0f} GFLOP/s")
-        print(f"engine CPU time outside the forward, steps at batch >= {len(requests)}: "
-              f"{100 * overhead:.1f} % of the step")
+        for budget in budgets:
+            engine.config.max_batch_prefill_tokens = budget  # the scheduler reads the same config
+            ours, overhead, latency = run_engine(engine, requests)
+            print(f"{ours.name + ' @' + str(budget):30s} total {ours.total_tps:7.1f} tok/s   "
+                  f"output {ours.output_tps:6.1f} tok/s   ({ours.seconds:.1f} s)   {latency}")
+            if hf is not None:
+                print(f"c/a = {ours.total_tps / results[0].total_tps:.2f}   "
+                      f"c/b = {ours.total_tps / results[1].total_tps:.2f}")
+            mfu = (ours.prompt_tokens * f_prompt + ours.output_tokens * f_gen) / ours.seconds / peak
+            print(f"engine model FLOP utilisation: {100 * mfu:.1f} % of {peak / 1e9:.0f} GFLOP/s")
+            print(f"engine CPU time outside the forward, steps at batch >= {len(requests)}: "
+                  f"{100 * overhead:.1f} % of the step")
 
 
 if __name__ == "__main__":

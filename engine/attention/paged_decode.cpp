@@ -9,17 +9,25 @@
 // bytes apart, that a token-major layout gives one head. K transposed lets the scores of a block's
 // tokens be computed side by side in SIMD lanes, with no horizontal sums.
 //
-// One task = one row. Two passes over its context: every score first (K blocks in order), one
-// softmax over the whole context (no running max, no rescaling), then p @ V (V blocks in order).
-// The query heads of a GQA group are scored together so each K/V vector is loaded once for all of
-// them. Each row is computed by the same code in the same order whatever the batch, so results
-// are bitwise batch-invariant.
+// One task = one partition of a row: its context split into runs of `partition` tokens counted from
+// the row's first attended position (like vLLM's paged attention v2), so that a batch of ragged
+// contexts (32..768 tokens) becomes tasks of nearly equal cost, handed out longest first to
+// whichever thread is free. Per task, two passes: every score first (K blocks in order), one softmax
+// over the partition (no running max, no rescaling), then p @ V (V blocks in order). A row of one
+// partition is normalised in place and written out directly; a longer row keeps each partition's
+// max, sum and unnormalised output, and the thread that finishes its last partition combines them
+// in partition order. The query heads of a GQA group are scored together so each K/V vector is
+// loaded once for all of them.
+// Partition bounds and the reduction order depend only on the row's own context, never on the batch
+// or the thread count, so results are bitwise batch-invariant.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -190,18 +198,48 @@ inline float sum_of(const float* p, int64_t n) {
   return acc;
 }
 
+// One partition of one row: positions [lo, hi). slot < 0: the row's only partition, written to the
+// output normalised; else its index into the partial results that the reduction combines, and
+// split the row's index among the rows of several partitions.
+struct Task {
+  int64_t row, lo, hi, slot, split;
+};
+
+// Row r's output from its `parts` partitions at slots s0.. (max m, sum l, unnormalised output o of
+// each head), combined in partition order: sum_p w_p o_p / sum_p w_p l_p, w_p = exp(m_p - max m).
+void reduce_row(const float* part_out, const float* part_max, const float* part_sum, int64_t s0, int64_t parts,
+                int64_t H, int64_t D, float* dst) {
+  std::vector<float> w(parts);
+  for (int64_t i = 0; i < H; ++i) {
+    float m = -std::numeric_limits<float>::infinity(), total = 0.f;
+    for (int64_t p = 0; p < parts; ++p) m = std::max(m, part_max[(s0 + p) * H + i]);
+    for (int64_t p = 0; p < parts; ++p) {
+      w[p] = std::exp(part_max[(s0 + p) * H + i] - m);
+      total += w[p] * part_sum[(s0 + p) * H + i];
+    }
+    const float inv = total > 0.f ? 1.f / total : 0.f;
+    for (int64_t d = 0; d < D; ++d) {
+      float acc = 0.f;
+      for (int64_t p = 0; p < parts; ++p) acc += w[p] * part_out[((s0 + p) * H + i) * D + d];
+      dst[i * D + d] = acc * inv;
+    }
+  }
+}
+
 }  // namespace
 
 // q [rows, heads, D]; caches [blocks, kv, bs, D] (K's last two dims hold [D, bs]); tables [rows, width] int32; context [rows] int32.
-// Row r attends to positions [max(0, ctx - window), ctx) (window < 0: no window).
+// Row r attends to positions [max(0, ctx - window), ctx) (window < 0: no window), in partitions of
+// `partition` tokens.
 torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor tables,
-                           torch::Tensor context, double scale, int64_t window) {
+                           torch::Tensor context, double scale, int64_t window, int64_t partition) {
   TORCH_CHECK(q.dim() == 3 && q.is_contiguous() && q.scalar_type() == at::kFloat, "q: contiguous fp32 [rows, heads, D]");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.scalar_type() == at::kFloat &&
                   v_cache.scalar_type() == at::kFloat && k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(),
               "caches: contiguous fp32 [blocks, kv_heads, block_size, D]");
   TORCH_CHECK(tables.scalar_type() == at::kInt && tables.is_contiguous() && tables.dim() == 2, "tables: int32 [rows, width]");
   TORCH_CHECK(context.scalar_type() == at::kInt && context.is_contiguous(), "context: int32 [rows]");
+  TORCH_CHECK(partition > 0, "partition: tokens per partition, > 0");
   const int64_t rows = q.size(0), H = q.size(1), D = q.size(2);
   const int64_t KV = k_cache.size(1), bs = k_cache.size(2), nblocks = k_cache.size(0);
   TORCH_CHECK(k_cache.size(3) == D && H % KV == 0 && tables.size(0) == rows && context.numel() == rows, "shape mismatch");
@@ -215,52 +253,102 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
   float* op = out.data_ptr<float>();
   const float fscale = static_cast<float>(scale);
   // Checked before the parallel region: an exception thrown inside it would end the process.
+  std::vector<Task> tasks;
+  std::vector<int64_t> first_slot;  // of each row of several partitions, and a last entry: the slot count
+  int64_t slots = 0;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t ctx = cp[r];
     TORCH_CHECK(ctx >= 0 && ctx <= width * bs, "context longer than the block table");
     for (int64_t b = 0; b * bs < ctx; ++b)
       TORCH_CHECK(tp[r * width + b] >= 0 && tp[r * width + b] < nblocks, "block id out of range");
+    const int64_t first = window >= 0 ? std::max<int64_t>(0, ctx - window) : 0;
+    if (ctx - first <= partition) {
+      tasks.push_back({r, first, ctx, -1, -1});
+      continue;
+    }
+    const int64_t split = static_cast<int64_t>(first_slot.size());
+    first_slot.push_back(slots);
+    for (int64_t lo = first; lo < ctx; lo += partition)
+      tasks.push_back({r, lo, std::min(ctx, lo + partition), slots++, split});
   }
+  first_slot.push_back(slots);
+  const int64_t num_split = static_cast<int64_t>(first_slot.size()) - 1;
+  // Longest first: the short tasks left at the end even out the threads' finishing times. The
+  // order changes only which thread computes a task, never what it computes.
+  std::stable_sort(tasks.begin(), tasks.end(), [](const Task& a, const Task& b) { return a.hi - a.lo > b.hi - b.lo; });
+  // Kept between calls (grown, never shrunk): a fresh buffer of this size is a new mapping, page
+  // faults and an munmap on every call. Every value read is written first in this call.
+  thread_local std::vector<float> part_out, part_max, part_sum;
+  if (static_cast<int64_t>(part_out.size()) < slots * H * D) part_out.resize(slots * H * D);
+  if (static_cast<int64_t>(part_max.size()) < slots * H) part_max.resize(slots * H), part_sum.resize(slots * H);
+  // Pointers, not the names: inside the parallel region a thread_local name is that thread's own.
+  float *pout = part_out.data(), *pmax = part_max.data(), *psum = part_sum.data();
+  const int64_t num_tasks = static_cast<int64_t>(tasks.size());
+  std::atomic<int64_t> next{0};
+  // Partitions still to compute per split row: whichever thread finishes the last one reduces the
+  // row, inside the same parallel region (a second region costs a wake-up of every thread).
+  std::unique_ptr<std::atomic<int64_t>[]> pending(new std::atomic<int64_t>[num_split]);
+  for (int64_t k = 0; k < num_split; ++k) pending[k].store(first_slot[k + 1] - first_slot[k]);
 
-  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qs(H * D), o(H * D), s;
-    for (int64_t r = begin; r < end; ++r) {
-      const int64_t ctx = cp[r];
-      const int64_t first = window >= 0 ? std::max<int64_t>(0, ctx - window) : 0;
-      const int64_t n_ctx = ctx - first;
+  at::parallel_for(0, std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), num_tasks)), 1,
+                   [&](int64_t, int64_t) {
+    std::vector<float> qs(H * D), o(H * D), s(H * std::min(partition, width * bs));
+    for (int64_t t; (t = next.fetch_add(1)) < num_tasks;) {
+      const Task task = tasks[t];
+      const int64_t r = task.row, n_ctx = task.hi - task.lo;
       // Scale folded into the queries once instead of into every score.
       for (int64_t i = 0; i < H * D; ++i) qs[i] = qp[r * H * D + i] * fscale;
       std::fill(o.begin(), o.end(), 0.f);
-      s.assign(H * n_ctx, 0.f);  // s[(kv head * G + g) * n_ctx + position - first]
-      for (int64_t pos = first; pos < ctx;) {  // pass 1: scores
-        const int64_t b = pos / bs, off = pos % bs, n = std::min(bs - off, ctx - pos);
+      for (int64_t pos = task.lo; pos < task.hi;) {  // pass 1: scores, s[(kv head * G + g) * n_ctx + pos - lo]
+        const int64_t b = pos / bs, off = pos % bs, n = std::min(bs - off, task.hi - pos);
         const float* kb = kp + tp[r * width + b] * block_stride;
         for (int64_t h = 0; h < KV; ++h)
           score_block(qs.data() + h * G * D, kb + h * head_stride, bs, off, n, G, D, n_ctx,
-                      s.data() + h * G * n_ctx + (pos - first));
+                      s.data() + h * G * n_ctx + (pos - task.lo));
         pos += n;
       }
-      for (int64_t i = 0; i < H; ++i) {  // softmax, in place: s becomes p
+      for (int64_t i = 0; i < H; ++i) {  // softmax over the partition, in place: s becomes p
         float* si = s.data() + i * n_ctx;
-        exp_shift(si, n_ctx, max_of(si, n_ctx));
+        const float m = max_of(si, n_ctx);
+        exp_shift(si, n_ctx, m);
         const float sum = sum_of(si, n_ctx);
+        if (task.slot >= 0) {  // kept unnormalised: the reduction rescales by the row's max
+          pmax[task.slot * H + i] = m;
+          psum[task.slot * H + i] = sum;
+          continue;
+        }
         const float inv = sum > 0.f ? 1.f / sum : 0.f;
-        for (int64_t t = 0; t < n_ctx; ++t) si[t] *= inv;
+        for (int64_t j = 0; j < n_ctx; ++j) si[j] *= inv;
       }
-      for (int64_t pos = first; pos < ctx;) {  // pass 2: o = p @ V
-        const int64_t b = pos / bs, off = pos % bs, n = std::min(bs - off, ctx - pos);
+      for (int64_t pos = task.lo; pos < task.hi;) {  // pass 2: o = p @ V
+        const int64_t b = pos / bs, off = pos % bs, n = std::min(bs - off, task.hi - pos);
         const float* vb = vp + tp[r * width + b] * block_stride + off * D;
         for (int64_t h = 0; h < KV; ++h)
-          accumulate(o.data() + h * G * D, s.data() + h * G * n_ctx + (pos - first), vb + h * head_stride, D, n, G,
-                     D, n_ctx);
+          accumulate(o.data() + h * G * D, s.data() + h * G * n_ctx + (pos - task.lo), vb + h * head_stride, D, n,
+                     G, D, n_ctx);
         pos += n;
       }
-      std::copy(o.begin(), o.end(), op + r * H * D);
+      if (task.slot < 0) {
+        std::copy(o.begin(), o.end(), op + r * H * D);
+        continue;
+      }
+      std::copy(o.begin(), o.end(), pout + task.slot * H * D);
+      // acq_rel: the reducing thread sees the partitions the other threads wrote.
+      if (pending[task.split].fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        const int64_t s0 = first_slot[task.split];
+        reduce_row(pout, pmax, psum, s0, first_slot[task.split + 1] - s0, H, D,
+                   op + r * H * D);
+      }
     }
   });
+
   return out;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode", &paged_decode, "paged decode attention (fp32, CPU)");
+  // partition: 256 tokens, as vLLM's 512 halved for 2-16 CPU threads: a 768-token row is 3 tasks; smaller adds
+  // reductions, larger leaves threads idle on a few long rows (bench/decode_attention.py sweeps it).
+  m.def("paged_decode", &paged_decode, "paged decode attention (fp32, CPU)", py::arg("q"), py::arg("k_cache"),
+        py::arg("v_cache"), py::arg("tables"), py::arg("context"), py::arg("scale"), py::arg("window"),
+        py::arg("partition") = 256);
 }

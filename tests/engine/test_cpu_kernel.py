@@ -87,9 +87,24 @@ def test_matches_reference(heads: int, kv: int, hd: int, bs: int, window: int | 
 
 
 @needs_kernel
+@pytest.mark.parametrize("partition", [None, 5, 16, 48])  # None: the default (256)
+@pytest.mark.parametrize("window", [None, 300])
+def test_partitions_match_reference(partition: int | None, window: int | None) -> None:
+    """Contexts longer than a partition are split and reduced: same result as one softmax."""
+    q, k_cache, v_cache, tables, ctxs, padded = _case(8, 9, 3, 64, 16, seed=1, max_ctx=700)
+    args = (q, k_cache, v_cache, padded, torch.tensor(ctxs, dtype=torch.int32), 0.125, window)
+    if partition is None:
+        out = cpu_kernel.paged_decode(*args)
+    else:
+        out = cpu_kernel.load().paged_decode(*args[:-1], -1 if window is None else window, partition)
+    expected = _reference(q, k_cache, v_cache, tables, ctxs, window)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+
+
+@needs_kernel
 def test_batch_invariant() -> None:
     """A row's output is bitwise the same alone, in a batch, and with any thread count."""
-    q, k_cache, v_cache, _, ctxs, padded = _case(16, 9, 3, 64, 16, max_ctx=200)
+    q, k_cache, v_cache, _, ctxs, padded = _case(16, 9, 3, 64, 16, max_ctx=800)  # split rows too
     ctx = torch.tensor(ctxs, dtype=torch.int32)
     full = cpu_kernel.paged_decode(q, k_cache, v_cache, padded, ctx, 0.125, None)
     threads = torch.get_num_threads()
@@ -99,6 +114,7 @@ def test_batch_invariant() -> None:
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(full, single)
+    assert max(ctxs) > 256  # the default partition: some rows are split
     for i in (0, 5, 15):
         alone = cpu_kernel.paged_decode(
             q[i : i + 1], k_cache, v_cache, padded[i : i + 1], ctx[i : i + 1], 0.125, None
