@@ -26,6 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.engine import flops_per_token, matmul_peak, run_engine, workload  # noqa: E402
+from engine import greedy_kernel  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.engine import Engine  # noqa: E402
 from engine.loader import resolve_model  # noqa: E402
@@ -60,7 +61,7 @@ def summarize(records: list[StepRecord], f_prompt: float, f_gen: float, peak: fl
             pieces[name] += s
     flops = sum((r.decode_rows + r.prefill_tokens) * f_prompt + r.sampled_rows * (f_gen - f_prompt)
                 for r in records)
-    return {
+    out = {
         "steps": len(records),
         "seconds": seconds,
         "ms_per_step": 1e3 * seconds / len(records) if records else 0.0,
@@ -70,6 +71,12 @@ def summarize(records: list[StepRecord], f_prompt: float, f_gen: float, peak: fl
         "shares": {label: sum(pieces[n] for n in names) / seconds if seconds else 0.0
                    for label, names in CATEGORIES.items()},
     }
+    if "sampler_torch_path" in pieces:  # the same steps with the torch sampler path instead
+        before = seconds - pieces["sampler"] + pieces["sampler_torch_path"]
+        out["sampler_before_share"] = pieces["sampler_torch_path"] / before if before else 0.0
+        out["sampler_ms_per_step"] = [1e3 * pieces[k] / len(records)
+                                      for k in ("sampler_torch_path", "sampler")]
+    return out
 
 
 def table(by_kind: dict[str, dict], overall: dict) -> str:
@@ -78,6 +85,11 @@ def table(by_kind: dict[str, dict], overall: dict) -> str:
     lines = ["| share of step time | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for label in CATEGORIES:
         lines.append(f"| {label} | " + " | ".join(f"{100 * s['shares'][label]:.1f} %" for s in stats) + " |")
+    if "sampler_before_share" in overall:
+        lines.append("| sampler before: torch path, same steps | " + " | ".join(
+            f"{100 * s.get('sampler_before_share', 0):.1f} %" for s in stats) + " |")
+        lines.append("| sampler ms per step, before → after | " + " | ".join(
+            "{:.2f} → {:.2f}".format(*s.get("sampler_ms_per_step", (0, 0))) for s in stats) + " |")
     lines.append("| steps | " + " | ".join(str(s["steps"]) for s in stats) + " |")
     lines.append("| share of run time | " + " | ".join(
         f"{100 * s['seconds'] / overall['seconds']:.0f} %" for s in stats) + " |")
@@ -87,6 +99,40 @@ def table(by_kind: dict[str, dict], overall: dict) -> str:
     lines.append("| model FLOP utilisation | " + " | ".join(
         f"{100 * s['flop_utilisation']:.1f} %" for s in stats) + " |")
     return "\n".join(lines)
+
+
+def shadow_sampler(engine: Engine) -> list[float]:
+    """Before each real sampler call, the same call with the fused greedy kernel turned off (the
+    sampler before issue 19: log_softmax + argmax), on the same logits and rows; the result is
+    dropped (the tokens are the same, tests/engine/test_greedy_kernel.py). Returns the list its
+    seconds are appended to, one per call; take them out of the step with `unshadow`."""
+    times: list[float] = []
+    real, usable = engine.sampler.sample, greedy_kernel.usable
+
+    def sample(logits: torch.Tensor, seqs: list) -> object:
+        greedy_kernel.usable = lambda x: False
+        start = time.perf_counter()
+        try:
+            real(logits, seqs)
+        finally:
+            greedy_kernel.usable = usable
+        times.append(time.perf_counter() - start)
+        return real(logits, seqs)
+
+    engine.sampler.sample = sample  # type: ignore[method-assign]
+    return times
+
+
+def unshadow(records: list[StepRecord], times: list[float]) -> None:
+    """Moves each step's shadow sampler time out of its sampler piece and its seconds, into
+    pieces["sampler_torch_path"] (which no category sums)."""
+    pending = iter(times)
+    for r in records:
+        if r.sampled_rows:  # the engine calls the sampler once in each step that samples
+            t = next(pending)
+            r.pieces["sampler"] -= t
+            r.seconds -= t
+            r.pieces["sampler_torch_path"] = t
 
 
 def timer_cost(n: int = 20000) -> float:
@@ -104,8 +150,11 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workload", choices=["peer", "mixed", "both"], default="both")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--requests", type=int, default=64, help="fewer for a quick check")
     parser.add_argument("--json", type=Path, default=Path("step_profile.json"),
                         help="where to write the results")
+    parser.add_argument("--no-sampler-ab", dest="sampler_ab", action="store_false",
+                        help="do not also time the torch sampler path on each step's logits")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -123,11 +172,15 @@ def main() -> None:
     out: dict = {"peak_flops": peak, "peaks": peaks, "threads": args.threads, "timer_cost_s": cost,
                  "workloads": {}}
     for name in (["peer", "mixed"] if args.workload == "both" else [args.workload]):
-        requests = workload(name, engine.runner.vocab_size)
+        requests = workload(name, engine.runner.vocab_size, args.requests)
         timer = StepTimer()
+        shadow = shadow_sampler(engine) if args.sampler_ab else []
         with timer.install(engine):
             result, _ = run_engine(engine, requests)
+        if args.sampler_ab:
+            del engine.sampler.sample  # the shadow
         records = timer.records
+        unshadow(records, shadow)
         by_kind = {k: summarize([r for r in records if kind(r) == k], f_prompt, f_gen, peak) for k in KINDS}
         overall = summarize(records, f_prompt, f_gen, peak)
         decode = [r for r in records if kind(r) == "pure decode"]
@@ -154,8 +207,8 @@ def main() -> None:
             "kinds": by_kind, "all": overall, "pure_decode_by_rows": buckets, "missing": timer.missing,
             "calls_per_step": per_step,
         }
-    args.json.write_text(json.dumps(out, indent=1))
-    print(f"\nwrote {args.json}")
+        args.json.write_text(json.dumps(out, indent=1))  # after each workload: a long run keeps what it did
+        print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":
