@@ -1,14 +1,14 @@
 """The sampler's fused greedy pick (greedy.cpp), built on first use like the attention kernel.
 
-Compiled once into the same cache root as engine/attention/cpu_kernel.py (keyed by torch version,
-source and CPU flags); if it cannot be built, `load()` gives None once, logged, and the sampler keeps
-its torch path (log_softmax + argmax): slower, with the same tokens.
+Compiled once into the same cache root as engine/attention/cpu_kernel.py (keyed by torch version
+and CPU flags; torch rebuilds it when the source changes). If it cannot be built, `load()` gives
+None, logged once, and the sampler keeps its torch path (log_softmax + argmax): slower, with the
+same tokens.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 from pathlib import Path
 from types import ModuleType
@@ -27,8 +27,9 @@ def load() -> ModuleType | None:
     """The compiled module, or None when it cannot be built (logged once)."""
     from torch.utils import cpp_extension
 
-    digest = hashlib.sha1(_SOURCE.read_bytes()).hexdigest()[:10]
-    build = cpu_kernel._build_dir().with_name(f"greedy-{torch.__version__.replace('+', '_')}-{digest}")
+    # Beside the attention kernel's build, keyed the same way (torch version, CPU flags: -march=native).
+    version = torch.__version__.replace("+", "_")
+    build = cpu_kernel._build_dir().parent / f"greedy-{version}-{cpu_kernel._cpu_tag()}"
     build.mkdir(parents=True, exist_ok=True)
     try:
         return cpp_extension.load(
@@ -40,8 +41,9 @@ def load() -> ModuleType | None:
             verbose=False,
         )
     except Exception as exc:  # noqa: BLE001 - any build failure must leave the torch path working
+        last = (str(exc).strip().splitlines() or [""])[-1]
         logger.warning("could not build the sampler's greedy kernel, using log_softmax + argmax (%s: %s); %s",
-                       type(exc).__name__, str(exc).strip().splitlines()[-1:] or "", cpu_kernel.INSTALL_HINT)
+                       type(exc).__name__, last, cpu_kernel.INSTALL_HINT)
         return None
 
 
