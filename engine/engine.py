@@ -65,7 +65,7 @@ class Engine:
         self.clock = clock
         self.block_manager = BlockManager(runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager, clock, max_model_len=max_model_len)
-        self.sampler = Sampler()
+        self.sampler = Sampler(build_kernel=str(getattr(runner, "device", "")) == "cpu")
         self.grammars = GrammarCompiler(tokenizer, self.eos_token_ids)
         self._detokenizers: dict[tuple[str, int], Detokenizer] = {}  # by (request id, choice)
         self._steps = 0

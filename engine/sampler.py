@@ -3,8 +3,9 @@
 Pipeline, per row (Hugging Face order, after vLLM's grammar mask and logit bias): the grammar's
 token mask (rows with a grammar only), logit bias, repetition penalty,
 frequency and presence penalties, temperature, then top-k, top-p, typical-p, then a draw. Rows pay
-only for what they use (a batch with no logit bias touches no logit for it): an
-all-greedy batch without penalties is an argmax, a log_softmax and an optional top-k; only rows with
+only for what they use (a batch with no logit bias touches no logit for it): on CPU a greedy row
+without top-n tokens is one fused call (greedy.cpp: its argmax and logprob, no log_softmax of the
+vocabulary); other greedy rows are an argmax, a log_softmax and an optional top-k; only rows with
 top-p or typical-p rank the vocabulary.
 
 Determinism: a sampled token depends only on its row's logits, parameters, seed and index. The draw
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from engine import greedy_kernel
 from engine.params import SamplingParams
 from engine.sequence import Sequence
 
@@ -40,6 +42,10 @@ class SamplerOutput:
 
 
 class Sampler:
+    def __init__(self, build_kernel: bool = False) -> None:
+        if build_kernel:  # compiled (or loaded from its cache) at start-up, not in the first step
+            greedy_kernel.load()
+
     def sample(self, logits: Tensor, seqs: list[Sequence]) -> SamplerOutput:
         """Choose one token per row; row i of `logits` ([n, V], float32) belongs to `seqs[i]`.
 
@@ -47,19 +53,44 @@ class Sampler:
         logits after penalties and temperature, before top-k/top-p/typical-p truncation. Greedy rows
         take the argmax after penalties and their temperature is not applied. `logits` is not
         modified.
+
+        Greedy rows without top-n tokens (most traffic) take the fused kernel of greedy.cpp on CPU:
+        the argmax and its logprob in one call, no log_softmax of the vocabulary (the same token;
+        the logprob within a few float32 ulps of log_softmax's). The other rows go the general way.
         """
         params = [seq.sampling for seq in seqs]
         x = _apply_penalties(_apply_logit_bias(_apply_grammar(logits, seqs), seqs), seqs)
+        fast = [i for i, p in enumerate(params) if p.greedy and not p.top_n_tokens]
+        if not fast or not greedy_kernel.usable(x):
+            return self._general(x, x is logits, seqs)
+        if len(fast) == len(seqs):
+            index, logprob = greedy_kernel.greedy(x)
+            return SamplerOutput(index.tolist(), logprob.tolist(), [[] for _ in seqs])
+        rest = [i for i, p in enumerate(params) if not p.greedy or p.top_n_tokens]
+        index, logprob = greedy_kernel.greedy(x[torch.tensor(fast, device=x.device)])
+        out = self._general(x[torch.tensor(rest, device=x.device)], False, [seqs[i] for i in rest])
+        token_ids, logprobs = [0] * len(seqs), [0.0] * len(seqs)
+        top_tokens: list[list[tuple[int, float]]] = [[] for _ in seqs]
+        for i, token_id, lp in zip(fast, index.tolist(), logprob.tolist(), strict=True):
+            token_ids[i], logprobs[i] = token_id, lp
+        for j, i in enumerate(rest):
+            token_ids[i], logprobs[i], top_tokens[i] = out.token_ids[j], out.logprobs[j], out.top_tokens[j]
+        return SamplerOutput(token_ids, logprobs, top_tokens)
+
+    def _general(self, x: Tensor, shared: bool, seqs: list[Sequence]) -> SamplerOutput:
+        """Any rows: log_softmax, the argmax or a draw, top-n. `shared`: x is the caller's logits,
+        which the draw must not filter in place."""
+        params = [seq.sampling for seq in seqs]
         temps = [1.0 if p.greedy else p.temperature for p in params]
         if any(t != 1.0 for t in temps):
-            x = x / torch.tensor(temps, device=x.device, dtype=x.dtype)[:, None]
+            x, shared = x / torch.tensor(temps, device=x.device, dtype=x.dtype)[:, None], False
         logprobs = torch.log_softmax(x, dim=-1)
 
         sampled = [i for i, p in enumerate(params) if not p.greedy]
         if not sampled:
             chosen = x.argmax(dim=-1)
         elif len(sampled) == len(seqs):
-            chosen = _draw(x.clone() if x is logits else x, seqs)  # _draw filters in place
+            chosen = _draw(x.clone() if shared else x, seqs)  # _draw filters in place
         else:
             chosen = x.argmax(dim=-1)
             rows = torch.tensor(sampled, device=x.device)
