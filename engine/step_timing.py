@@ -72,6 +72,7 @@ class StepTimer:
             ("decode_attention", attention, "_decode"),
             ("decode_attention", cpu_kernel, "paged_decode"),
             ("prefill_attention", attention, "_prefill"),
+            ("prefill_attention", cpu_kernel, "paged_prefill"),
         ]
         saved = []
         for name, owner, attr in pieces:
