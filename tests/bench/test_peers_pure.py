@@ -1,0 +1,78 @@
+"""bench/peers.py's and bench/overhead.py's pure parts: the stream-client workload, the table's
+ratios (A-B-A midpoint, drift), and reading CPU seconds from /proc (no server)."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+
+import pytest
+
+from bench import procstat
+from bench.loadgen.workloads import stream_client_workload
+from bench.peer_table import Row, midpoint, side_by_side, values
+
+
+def test_mixed_workload_is_stream_client_s_own() -> None:
+    # ../shared/peers/stream-client.py MIXED=1, verbatim: all lengths first, then the ids
+    rng = random.Random(0)
+    lens = [(rng.randint(32, 512), rng.randint(16, 256)) for _ in range(16)]
+    prompts = [([rng.randrange(100, 1000 - 100) for _ in range(li)], lo) for li, lo in lens]
+    ours = stream_client_workload(1000, 16, mixed=True)
+    assert [(r.prompt, r.output_len) for r in ours] == prompts
+    assert all(r.prompt_len == len(r.prompt) for r in ours)
+    assert len({r.prompt_len for r in ours}) > 1 and all(32 <= r.prompt_len <= 512 for r in ours)
+    fixed = stream_client_workload(1000, 3, mixed=False, input_len=7, output_len=5, seed=1)
+    assert [(len(r.prompt), r.output_len) for r in fixed] == [(7, 5)] * 3
+    assert fixed != stream_client_workload(1000, 3, mixed=False, input_len=7, output_len=5, seed=2)
+
+
+def summary(tps: float, ttft_ms: float, tpot_ms: float) -> dict:
+    dist = {"p50": ttft_ms, "p99": 2 * ttft_ms}
+    return {"completed": 4, "failed": 0, "total_token_throughput": tps, "output_throughput": tps / 3,
+            "ttft_ms": dist, "tpot_ms": {"p50": tpot_ms}, "e2el_ms": {"p50": 10_000.0},
+            "client_cpu_ms_per_request": 12.0}
+
+
+def test_ratios_are_to_the_midpoint_of_conveyor_a_and_b() -> None:
+    a, b, peer = summary(100.0, 2000.0, 50.0), summary(300.0, 4000.0, 150.0), summary(400.0, 1500.0, 50.0)
+    assert values(a)[:5] == [100.0, 100.0 / 3, 2.0, 4.0, 50.0]  # TTFT in s, TPOT in ms
+    base = midpoint([a, b])
+    assert base is not None and base[0] == 200.0 and base[2] == 3.0 and base[4] == 100.0
+    assert midpoint([]) is None
+    text = side_by_side([Row("a", a), Row("b", b, values(a)), Row("peer", peer, base),
+                         Row("gone", "no venv")])
+    lines = text.splitlines()
+    assert "(" not in lines[2]  # run a: no ratios
+    assert "300.0 (3.00×)" in lines[3] and "4.00 (2.00×)" in lines[3]  # b against a: the drift
+    assert "400.0 (2.00×)" in lines[4] and "1.50 (0.50×)" in lines[4] and "50.0 (0.50×)" in lines[4]
+    assert "could not run: no venv" in lines[5]
+    assert all(line.count("|") == lines[0].count("|") for line in lines[:5])
+
+
+def test_proc_stat_parsing_survives_odd_command_names() -> None:
+    tick = procstat.TICK_S
+    line = "123 (a) b (c)) S 77 123 123 0 -1 0 0 0 0 0 250 50 0 0 20 0 1 0 100 0 0"
+    assert procstat.parse_stat(line) == (77, pytest.approx(300 * tick))
+
+
+@pytest.mark.parametrize(("argv", "role"), [
+    (["/v/bin/python", "-m", "launcher.cli", "worker"], "worker"),
+    (["/v/bin/python", "-m", "launcher.cli", "serve", "--port", "1"], "launcher"),
+    (["/v/bin/python", "/v/bin/conveyor", "api"], "api"),
+    (["/x/valkey-server", "*:0"], "valkey"),
+    (["/usr/bin/sleep", "9"], "sleep"),
+])
+def test_roles_from_command_lines(argv: list[str], role: str) -> None:
+    assert procstat.role(argv) == role
+
+
+def test_own_cpu_is_counted_and_grows() -> None:
+    before = procstat.snapshot(os.getpid())
+    end = time.process_time() + 0.3
+    while time.process_time() < end:  # burn CPU in this process
+        pass
+    used = procstat.delta(before, procstat.snapshot(os.getpid()))
+    assert os.getpid() in procstat.descendants(os.getpid())
+    assert 0.2 < used.total() < 5
