@@ -16,8 +16,19 @@ from typing import Any
 
 import httpx
 
+from bench.loadgen.workloads import Request, stream_client_workload
+
 REPO = Path(__file__).resolve().parents[1]
 SERVED = "smollm2-135m"
+
+
+def vocab_size(model_dir: Path) -> int:
+    return int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
+
+
+def warmup_requests(model_dir: Path) -> list[Request]:
+    """4 short requests (16 ids in, 8 out) before the first measured run: compiled paths, caches."""
+    return stream_client_workload(vocab_size(model_dir), 4, False, 16, 8, seed=99)
 
 
 class PeerUnavailable(Exception):

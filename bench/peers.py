@@ -40,7 +40,7 @@ from bench.loadgen.options import Options  # noqa: E402
 from bench.loadgen.report import public, table  # noqa: E402
 from bench.loadgen.run import RunConfig, run  # noqa: E402
 from bench.loadgen.workloads import HFTokenizer, Request, random_workload, stream_client_workload  # noqa: E402
-from bench.peer_servers import SERVED, PeerUnavailable, server, vllm_client  # noqa: E402
+from bench.peer_servers import SERVED, PeerUnavailable, server, vllm_client, vocab_size, warmup_requests  # noqa: E402
 from bench.peer_table import Row, midpoint, side_by_side, values  # noqa: E402
 
 SYSTEMS = ("conveyor", "vllm", "hf")
@@ -53,19 +53,13 @@ CONVEYOR_A, CONVEYOR_B = "Conveyor a (`conveyor serve`)", "Conveyor b (drift: ×
 
 def workloads(args: argparse.Namespace) -> dict[str, tuple[list[Request], float]]:
     """Each workload's requests and rate (inf: all at once)."""
-    vocab = json.loads((args.model_dir / "config.json").read_text())["vocab_size"]
+    vocab = vocab_size(args.model_dir)
     peer = random_workload(HFTokenizer(args.model_dir), args.num_prompts, args.input_len, args.output_len,
                            args.seed)
     made = {"peer": (peer, math.inf),
             "mixed": (stream_client_workload(vocab, args.num_prompts, True, seed=args.seed), math.inf),
             "poisson": (peer, args.poisson_rate)}
     return {name: made[name] for name in args.workloads.split(",")}
-
-
-def warmup_requests(vocab_dir: Path) -> list[Request]:
-    """4 short requests (16 ids in, 8 out) before the first measured run: compiled paths, caches."""
-    vocab = json.loads((vocab_dir / "config.json").read_text())["vocab_size"]
-    return stream_client_workload(vocab, 4, False, 16, 8, seed=99)
 
 
 def measure_all(name: str, port: int, loads: dict[str, tuple[list[Request], float]],
