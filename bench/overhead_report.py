@@ -48,8 +48,8 @@ def report(legs: Sequence[tuple[str, dict[str, Any]]], workload: str, n: int) ->
         if engines:
             extra = r["duration_s"] - engine_s
             lines += ["", f"**{name}: full / engine = {r['total_token_throughput'] / engine_tps:.3f}** "
-                      f"(total tok/s, to the engine legs' mean). It took {extra:+.2f} s more than the "
-                      f"engine alone: its engine steps {r['step_s'] - engine_step:+.2f} s (the same "
+                      f"(total tok/s, to the engine legs' mean). Its run took {extra:+.2f} s against the "
+                      f"engine alone's: its engine steps {r['step_s'] - engine_step:+.2f} s (the same "
                       "steps, slower: they share the cores with the processes below), and time with no "
                       f"step running {(r['duration_s'] - r['step_s']) - (engine_s - engine_step):+.2f} s "
                       "(waiting for jobs to arrive, for the client to read, between steps)."]

@@ -76,3 +76,32 @@ def test_own_cpu_is_counted_and_grows() -> None:
     used = procstat.delta(before, procstat.snapshot(os.getpid()))
     assert os.getpid() in procstat.descendants(os.getpid())
     assert 0.2 < used.total() < 5
+
+
+def test_worker_step_seconds_from_its_metrics() -> None:
+    from bench.overhead import step_totals
+
+    text = ('tgi_batch_inference_duration_sum{method="prefill"} 1.5\n'
+            'tgi_batch_inference_duration_count{method="prefill"} 3.0\n'
+            'tgi_batch_inference_duration_sum{method="decode"} 2.25\n'
+            'tgi_batch_inference_duration_count{method="decode"} 40.0\n'
+            'tgi_batch_inference_duration_bucket{le="0.1",method="decode"} 9.0\n')
+    assert step_totals(text) == (3.75, 43)
+    assert step_totals("") == (0.0, 0)
+
+
+def test_overhead_report_ratio_and_cpu_breakdown() -> None:
+    from bench.overhead_report import cpu_rows, report
+
+    engine = {"total_token_throughput": 100.0, "duration_s": 10.0, "step_s": 9.5, "steps": 50, "cpu_s": 19.0}
+    full = {"total_token_throughput": 80.0, "duration_s": 12.5, "step_s": 11.0, "steps": 51,
+            "cpu_s": {"worker": 20.0, "worker main thread": 1.5, "api": 2.0, "valkey": 0.5, "client": 0.25}}
+    rows = dict(cpu_rows(full["cpu_s"]))
+    assert rows["worker: main thread (asyncio: jobs in, tokens out to Redis)"] == 1.5
+    assert rows["worker: engine thread + OpenMP pool (+ small threads)"] == 18.5
+    assert rows["total"] == 22.75  # the main thread is part of the worker, not counted twice
+    text = report([("engine a", engine), ("full a", {**full}), ("engine b", {**engine,
+                   "total_token_throughput": 120.0})], "peer", 64)
+    assert "full / engine = 0.727" in text  # 80 / mean(100, 120)
+    assert "Engine drift within the sitting (last / first leg): 1.200×" in text
+    assert "| api | 2.00 | 16.0 % |" in text and "+1.50 s" in text  # steps: 11.0 vs 9.5
