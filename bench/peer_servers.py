@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 
 from bench.loadgen.workloads import Request, stream_client_workload
+from launcher.redis_server import _die_with_parent
 
 REPO = Path(__file__).resolve().parents[1]
 SERVED = "smollm2-135m"
@@ -51,8 +52,10 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float, log: P
 def server(cmd: list[str], ready_url: str, log: Path, env: dict[str, str] | None = None,
            timeout_s: float = 600) -> Iterator[subprocess.Popen[bytes]]:
     with open(log, "wb") as out:
+        # its own group: stopping it stops its children; and it dies with this process, however
+        # this one ends (a server left behind would load the next sitting)
         proc = subprocess.Popen(cmd, stdout=out, stderr=out, env={**os.environ, **(env or {})}, cwd=REPO,
-                                start_new_session=True)  # its own group: stopping it stops its children
+                                start_new_session=True, preexec_fn=_die_with_parent)
     try:
         wait_ready(ready_url, proc, timeout_s, log)
         yield proc
