@@ -105,3 +105,21 @@ def test_overhead_report_ratio_and_cpu_breakdown() -> None:
     assert "full / engine = 0.727" in text  # 80 / mean(100, 120)
     assert "Engine drift within the sitting (last / first leg): 1.200×" in text
     assert "| api | 2.00 | 16.0 % |" in text and "+1.50 s" in text  # steps: 11.0 vs 9.5
+
+
+def test_the_sitting_s_workloads(tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
+    import argparse
+    import math
+
+    from bench.peers import workloads
+
+    args = argparse.Namespace(model_dir=tiny_model_dir, num_prompts=6, input_len=20, output_len=5, seed=0,
+                              poisson_rate=4.0, workloads="peer,mixed,poisson")
+    loads = workloads(args)
+    assert list(loads) == ["peer", "mixed", "poisson"]
+    (peer, inf), (mixed, inf2), (poisson, rate) = loads["peer"], loads["mixed"], loads["poisson"]
+    assert math.isinf(inf) and math.isinf(inf2) and rate == 4.0
+    assert poisson == peer and all(r.prompt_len == 20 and r.output_len == 5 for r in peer)
+    assert all(isinstance(r.prompt, list) and 32 <= len(r.prompt) <= 512 for r in mixed)
+    args.workloads = "mixed"
+    assert list(workloads(args)) == ["mixed"]
