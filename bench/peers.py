@@ -95,6 +95,8 @@ def main() -> int:
     p.add_argument("--hf-batch-size", type=int, default=16)
     p.add_argument("--hf-num-prompts", type=int, default=None,
                    help="HF gets the first N requests of each workload [default: all]")
+    p.add_argument("--hf-workloads", default=None,
+                   help="the workloads HF runs (it is slow) [default: all of --workloads]")
     p.add_argument("--out", type=Path, default=Path("/tmp/conveyor-peers"))
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args()
@@ -158,7 +160,8 @@ def main() -> int:
         cmd = [sys.executable, str(REPO / "bench" / "hf_server.py"), str(args.model_dir),
                "--port", "18302", "--batch-size", str(args.hf_batch_size)]
         with server(cmd, "http://127.0.0.1:18302/v1/models", args.out / "hf.log"):
-            return measure_all("hf", 18302, loads, args, args.hf_num_prompts)
+            mine = {k: v for k, v in loads.items() if k in (args.hf_workloads or args.workloads).split(",")}
+            return measure_all("hf", 18302, mine, args, args.hf_num_prompts)
 
     def store(label: str) -> Callable[[Any], None]:
         return lambda r: runs.__setitem__(label, r)
@@ -182,7 +185,8 @@ def report(runs: dict[str, Any], extra: list[tuple[str, Any]], loads: dict[str, 
     """One table per workload (printed, and in OUT/WORKLOAD/table.md with runs.json and plots)."""
     texts = []
     for load, (requests, rate) in loads.items():
-        got = {name: r if isinstance(r, str) else r.get(load, "no run") for name, r in runs.items()}
+        skipped = "not run on this workload (--hf-workloads)"
+        got = {name: r if isinstance(r, str) else r.get(load, skipped) for name, r in runs.items()}
         ours = [r for name, r in got.items() if name in (CONVEYOR_A, CONVEYOR_B) and not isinstance(r, str)]
         base = midpoint(ours)
         rows = []
