@@ -14,7 +14,8 @@ Then vLLM's own client (`vllm bench serve`, peer workload) against (1a) and (2),
 keep-alives off (`--sse-keepalive-s 0`: that client jams on a lone SSE comment). Prints one table
 per workload, each figure's ratio to Conveyor's; a peer that cannot run is named, with why.
 
-    .venv/bin/python bench/peers.py --out /tmp/peers-all            # everything (~12 min idle)
+    .venv/bin/python bench/peers.py --out /tmp/peers-all            # everything (HF: all 64, slow)
+    .venv/bin/python bench/peers.py --hf-num-prompts 16 --hf-workloads peer,mixed --no-vllm-client  # ~10 min
     .venv/bin/python bench/peers.py --workloads peer --systems conveyor,vllm --no-vllm-client
     .venv/bin/python bench/peers.py --num-prompts 8 --hf-num-prompts 4    # a smoke run
 """
