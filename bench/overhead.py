@@ -63,7 +63,7 @@ def step_totals(metrics_text: str) -> tuple[float, int]:
     return seconds, steps
 
 
-def engine_leg(model_dir: Path, workload: str, n: int) -> dict[str, Any]:
+def engine_leg(model_dir: Path, workload: str, n: int, kv: str) -> dict[str, Any]:
     """In this (child) process: the engine alone on the requests' token ids."""
     import torch
 
@@ -73,7 +73,8 @@ def engine_leg(model_dir: Path, workload: str, n: int) -> dict[str, Any]:
     from schemas.settings import Settings
 
     torch.set_grad_enabled(False)
-    engine = Engine.from_pretrained(model_dir, engine_config(Settings(enable_prefix_caching=False)))
+    engine = Engine.from_pretrained(model_dir, engine_config(Settings(enable_prefix_caching=False,
+                                                                         kv_cache_memory=kv)))
     warm = warmup_requests(model_dir)
     reqs = requests_of(workload, model_dir, n, text=False)
     results = {}
@@ -99,7 +100,8 @@ def engine_leg(model_dir: Path, workload: str, n: int) -> dict[str, Any]:
 def run_engine(args: argparse.Namespace) -> dict[str, Any]:
     out = args.out / f"engine-{time.monotonic_ns()}.json"
     cmd = [sys.executable, __file__, "--leg", "engine", "--workload", args.workload, "--num-prompts",
-           str(args.num_prompts), "--model-dir", str(args.model_dir), "--out", str(out)]
+           str(args.num_prompts), "--model-dir", str(args.model_dir),
+           "--kv-cache-memory", args.kv_cache_memory, "--out", str(out)]
     subprocess.run(cmd, check=True, cwd=REPO)
     return json.loads(out.read_text())
 
@@ -107,7 +109,7 @@ def run_engine(args: argparse.Namespace) -> dict[str, Any]:
 def run_full(args: argparse.Namespace, label: str) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "launcher.cli", "serve", "--no-enable-prefix-caching", "--model",
            str(args.model_dir), "--port", str(PORT), "--worker-metrics-port", str(METRICS_PORT),
-           "--webhook-metrics-port", "0", "--sse-keepalive-s", "0"]
+           "--webhook-metrics-port", "0", "--sse-keepalive-s", "0", "--kv-cache-memory", args.kv_cache_memory]
     reqs = requests_of(args.workload, args.model_dir, args.num_prompts, text=args.prompt_format == "text")
     warm = warmup_requests(args.model_dir)
     opts = Options(base_url=f"http://127.0.0.1:{PORT}", model=SERVED)
@@ -131,6 +133,9 @@ def main() -> int:
     p.add_argument("--prompt-format", choices=["text", "ids"], default="text",
                    help="how the full stack gets the peer prompts [default: %(default)s]")
     p.add_argument("--model-dir", type=Path, default=None)
+    p.add_argument("--kv-cache-memory", default="4GiB",
+                   help="both legs' KV budget, so neither reserves more of a busy machine's memory "
+                        "[default: %(default)s, as bench/engine.py]")
     p.add_argument("--out", type=Path, default=Path("/tmp/conveyor-overhead"))
     p.add_argument("--leg", choices=["engine"], help=argparse.SUPPRESS)  # the child process's part
     p.add_argument("--quiet", action="store_true")
@@ -140,7 +145,8 @@ def main() -> int:
 
         args.model_dir = resolve_model(None).path
     if args.leg == "engine":
-        args.out.write_text(json.dumps(engine_leg(args.model_dir, args.workload, args.num_prompts)))
+        args.out.write_text(json.dumps(engine_leg(args.model_dir, args.workload, args.num_prompts,
+                                                  args.kv_cache_memory)))
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     legs: list[tuple[str, dict[str, Any]]] = []
