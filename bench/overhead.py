@@ -63,8 +63,9 @@ def step_totals(metrics_text: str) -> tuple[float, int]:
     return seconds, steps
 
 
-def engine_leg(model_dir: Path, workload: str, n: int, kv: str) -> dict[str, Any]:
-    """In this (child) process: the engine alone on the requests' token ids."""
+def engine_leg(model_dir: Path, requests_file: Path, kv: str) -> dict[str, Any]:
+    """In this (child) process: the engine alone on the requests' token ids (made by the parent:
+    this process loads the engine as the worker does, and nothing else — no tokenizer)."""
     import torch
 
     from engine.engine import Engine
@@ -72,11 +73,11 @@ def engine_leg(model_dir: Path, workload: str, n: int, kv: str) -> dict[str, Any
     from launcher.roles import engine_config
     from schemas.settings import Settings
 
-    torch.set_grad_enabled(False)
     engine = Engine.from_pretrained(model_dir, engine_config(Settings(enable_prefix_caching=False,
                                                                          kv_cache_memory=kv)))
     warm = warmup_requests(model_dir)
-    reqs = requests_of(workload, model_dir, n, text=False)
+    reqs = [Request(prompt=ids, prompt_len=len(ids), output_len=out)
+            for ids, out in json.loads(requests_file.read_text())]
     results = {}
     for label, batch in (("warmup", warm), ("measured", reqs)):
         for k, r in enumerate(batch):
@@ -99,9 +100,11 @@ def engine_leg(model_dir: Path, workload: str, n: int, kv: str) -> dict[str, Any
 
 def run_engine(args: argparse.Namespace) -> dict[str, Any]:
     out = args.out / f"engine-{time.monotonic_ns()}.json"
-    cmd = [sys.executable, __file__, "--leg", "engine", "--workload", args.workload, "--num-prompts",
-           str(args.num_prompts), "--model-dir", str(args.model_dir),
-           "--kv-cache-memory", args.kv_cache_memory, "--out", str(out)]
+    requests_file = args.out / f"requests-{args.workload}-{args.num_prompts}.json"
+    reqs = requests_of(args.workload, args.model_dir, args.num_prompts, text=False)
+    requests_file.write_text(json.dumps([[list(r.prompt), r.output_len] for r in reqs]))
+    cmd = [sys.executable, __file__, "--leg", "engine", "--requests-file", str(requests_file),
+           "--model-dir", str(args.model_dir), "--kv-cache-memory", args.kv_cache_memory, "--out", str(out)]
     subprocess.run(cmd, check=True, cwd=REPO)
     return json.loads(out.read_text())
 
@@ -138,6 +141,7 @@ def main() -> int:
                         "[default: %(default)s, as bench/engine.py]")
     p.add_argument("--out", type=Path, default=Path("/tmp/conveyor-overhead"))
     p.add_argument("--leg", choices=["engine"], help=argparse.SUPPRESS)  # the child process's part
+    p.add_argument("--requests-file", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args()
     if args.model_dir is None:
@@ -145,7 +149,7 @@ def main() -> int:
 
         args.model_dir = resolve_model(None).path
     if args.leg == "engine":
-        args.out.write_text(json.dumps(engine_leg(args.model_dir, args.workload, args.num_prompts,
+        args.out.write_text(json.dumps(engine_leg(args.model_dir, args.requests_file,
                                                   args.kv_cache_memory)))
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
