@@ -1,33 +1,37 @@
-"""Conveyor side by side with its peers, in one sitting, on this machine: the same workload with
+"""Conveyor side by side with its peers, in one sitting, on this machine: the same requests with
 the same client (`conveyor bench`'s) against
-  (1) Conveyor, full stack (`conveyor serve`, default model, prefix caching off),
+  (1) Conveyor, full stack (`conveyor serve`, default model, prefix caching off), run twice (a and b),
   (2) vLLM's CPU build serving the same converted weights (its venv from ../shared/peers/setup-vllm.sh),
   (3) Hugging Face `generate` behind bench/hf_server.py (the naive baseline),
-then vLLM's own client (`vllm bench serve`) against (1) and (2), Conveyor with SSE keep-alives off
-(`--sse-keepalive-s 0`: that client jams on a lone SSE comment). Prints one table with each
-system's figures and their ratios to Conveyor's; a peer that cannot run is named, with why.
+in the order Conveyor a, vLLM, HF, Conveyor b (A-B-A: the drift within the sitting shows as b/a).
+Each system is started, warmed, measured on every workload in turn, and stopped before the next.
+Workloads (--workloads):
+  peer     64 x 256 random tokens in (vLLM's random dataset, seed 0, as text), exactly 128 out, all at once
+  mixed    64 prompts of 32-512 random token ids, outputs 16-256 (seeded as ../shared/peers/
+           stream-client.py MIXED=1 makes them), all at once
+  poisson  the peer requests arriving at --poisson-rate req/s (Poisson, seeded)
+Then vLLM's own client (`vllm bench serve`, peer workload) against (1a) and (2), Conveyor with SSE
+keep-alives off (`--sse-keepalive-s 0`: that client jams on a lone SSE comment). Prints one table
+per workload, each figure's ratio to Conveyor's; a peer that cannot run is named, with why.
 
-    .venv/bin/python bench/peers.py                             # 64 x 256 random tokens in, 128 out, rate inf
-    .venv/bin/python bench/peers.py --request-rate 4 --systems conveyor,vllm
-    .venv/bin/python bench/peers.py --out bench/results/peer     # JSON per run + plots + table.md
+    .venv/bin/python bench/peers.py --out /tmp/peers-all            # everything (HF: all 64, slow)
+    .venv/bin/python bench/peers.py --hf-num-prompts 16 --hf-workloads peer,mixed --no-vllm-client  # ~10 min
+    .venv/bin/python bench/peers.py --workloads peer --systems conveyor,vllm --no-vllm-client
+    .venv/bin/python bench/peers.py --num-prompts 8 --hf-num-prompts 4    # a smoke run
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
 import signal
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -36,130 +40,52 @@ from bench.loadgen import plots  # noqa: E402
 from bench.loadgen.options import Options  # noqa: E402
 from bench.loadgen.report import public, table  # noqa: E402
 from bench.loadgen.run import RunConfig, run  # noqa: E402
-from bench.loadgen.workloads import HFTokenizer, random_workload  # noqa: E402
+from bench.loadgen.workloads import HFTokenizer, Request, random_workload, stream_client_workload  # noqa: E402
+from bench.peer_servers import SERVED, PeerUnavailable, server, vllm_client, vocab_size, warmup_requests  # noqa: E402
+from bench.peer_table import Row, midpoint, side_by_side, values  # noqa: E402
 
 SYSTEMS = ("conveyor", "vllm", "hf")
-SERVED = "smollm2-135m"
+WORKLOADS = ("peer", "mixed", "poisson")
 # ../shared/peers beside the checkout (a worktree's sits one level further down).
 PEERS_DIR = next((d for d in (REPO.parent / "shared" / "peers", REPO.parents[1] / "shared" / "peers")
                   if d.is_dir()), REPO.parent / "shared" / "peers")
+CONVEYOR_A, CONVEYOR_B = "Conveyor a (`conveyor serve`)", "Conveyor b (drift: × a)"
 
 
-class PeerUnavailable(Exception):
-    """A peer that cannot run here, with why."""
+def workloads(args: argparse.Namespace) -> dict[str, tuple[list[Request], float]]:
+    """Each workload's requests and rate (inf: all at once)."""
+    vocab = vocab_size(args.model_dir)
+    peer = random_workload(HFTokenizer(args.model_dir), args.num_prompts, args.input_len, args.output_len,
+                           args.seed)
+    made = {"peer": (peer, math.inf),
+            "mixed": (stream_client_workload(vocab, args.num_prompts, True, seed=args.seed), math.inf),
+            "poisson": (peer, args.poisson_rate)}
+    return {name: made[name] for name in args.workloads.split(",")}
 
 
-def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float, log: Path) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise PeerUnavailable(f"it exited with {proc.returncode} before it was ready: see {log}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=5).status_code == 200:
-                return
-        time.sleep(1)
-    raise PeerUnavailable(f"not ready after {timeout_s:.0f} s: see {log}")
-
-
-@contextlib.contextmanager
-def server(cmd: list[str], ready_url: str, log: Path, env: dict[str, str] | None = None,
-           timeout_s: float = 600) -> Iterator[None]:
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=out, env={**os.environ, **(env or {})}, cwd=REPO,
-                                start_new_session=True)  # its own group: stopping it stops its children
-    try:
-        wait_ready(ready_url, proc, timeout_s, log)
-        yield
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
-def vllm_client(venv: Path, port: int, model_dir: Path, args: argparse.Namespace,
-                out: Path) -> dict[str, Any]:
-    """`vllm bench serve` on the same workload; its result JSON, in our key names."""
-    name = f"vllm-client-{port}.json"
-    cmd = [str(venv / "bin" / "vllm"), "bench", "serve", "--backend", "openai",
-           "--endpoint", "/v1/completions",
-           "--base-url", f"http://127.0.0.1:{port}", "--model", str(model_dir), "--tokenizer", str(model_dir),
-           "--served-model-name", SERVED, "--dataset-name", "random", "--random-input-len",
-           str(args.input_len),
-           "--random-output-len", str(args.output_len), "--random-range-ratio", "0",
-           "--num-prompts", str(args.num_prompts), "--ignore-eos", "--request-rate", str(args.request_rate),
-           "--seed", str(args.seed), "--temperature", "0", "--percentile-metrics", "ttft,tpot,itl,e2el",
-           "--metric-percentiles", "50,90,99", "--save-result", "--result-dir", str(out),
-           "--result-filename", name]
-    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ,
-                          "VLLM_TARGET_DEVICE": "cpu"})
-    (out / f"vllm-client-{port}.log").write_text(done.stdout + done.stderr)
-    if done.returncode != 0 or not (out / name).exists():
-        raise PeerUnavailable(f"vllm bench serve failed ({done.returncode}): "
-                              f"see {out}/vllm-client-{port}.log")
-    r = json.loads((out / name).read_text())
-    dist = {m: {"mean": r.get(f"mean_{m}_ms"), "p50": r.get(f"p50_{m}_ms", r.get(f"median_{m}_ms")),
-                "p90": r.get(f"p90_{m}_ms"), "p99": r.get(f"p99_{m}_ms")}
-            for m in ("ttft", "tpot", "itl", "e2el")}
-    return {"completed": r["completed"], "failed": r.get("failed", 0), "errors": {},
-            "total_token_throughput": r["total_token_throughput"],
-            "output_throughput": r["output_throughput"],
-            **{f"{m}_ms": d for m, d in dist.items()}}
-
-
-def measure(name: str, port: int, requests: list[Any], args: argparse.Namespace) -> dict[str, Any]:
+def measure_all(name: str, port: int, loads: dict[str, tuple[list[Request], float]],
+                args: argparse.Namespace, limit: int | None = None) -> dict[str, dict[str, Any]]:
+    """One system's runs, one per workload (the first `limit` requests of each when given)."""
     opts = Options(base_url=f"http://127.0.0.1:{port}", model=SERVED)
-    warm = RunConfig(progress=False)
-    run(requests[:4], opts, warm)
-    summary = run(requests, opts, RunConfig(rate=args.request_rate, seed=args.seed, progress=not args.quiet))
-    print(table(summary, f"{name} (conveyor bench client)"), flush=True)
-    return summary
-
-
-COLUMNS = [("total tok/s", "total_token_throughput", None, True),
-           ("out tok/s", "output_throughput", None, True),
-           ("TTFT p50 s", "ttft_ms", "p50", False), ("TTFT p99 s", "ttft_ms", "p99", False),
-           ("TPOT p50 ms", "tpot_ms", "p50", False), ("E2E p50 s", "e2el_ms", "p50", False)]
-
-
-def _value(r: dict[str, Any], key: str, sub: str | None) -> float:
-    v = r[key][sub] if sub else r[key]
-    return v / 1000 if sub and not key.startswith("tpot") else v
-
-
-def side_by_side(rows: list[tuple[str, dict[str, Any] | str]], reference: dict[str, Any] | None) -> str:
-    """Markdown: each system's figures, then (× Conveyor's) — throughput higher is better, latency lower."""
-    head = "| system | ok / failed | " + " | ".join(c[0] for c in COLUMNS) + " | client CPU ms/req |"
-    lines = [head, "|" + "---|" * (len(COLUMNS) + 3)]
-    for name, r in rows:
-        if isinstance(r, str):
-            lines.append(f"| {name} | could not run: {r} |" + " |" * (len(COLUMNS) + 1))
-            continue
-        cells = []
-        for _label, key, sub, _higher in COLUMNS:
-            v = _value(r, key, sub)
-            ratio = ""
-            if reference is not None and r is not reference and v and not math.isnan(v):
-                ratio = f" ({v / _value(reference, key, sub):.2f}×)"
-            wide = key.startswith(("total", "output", "tpot"))
-            cells.append(f"{v:,.1f}{ratio}" if wide else f"{v:.2f}{ratio}")
-        cpu = r.get("client_cpu_ms_per_request")
-        lines.append(f"| {name} | {r['completed']} / {r['failed']} | " + " | ".join(cells)
-                     + f" | {'-' if cpu is None else f'{cpu:.1f}'} |")
-    return "\n".join(lines)
+    run(warmup_requests(args.model_dir), opts, RunConfig(progress=False))
+    results = {}
+    for load, (requests, rate) in loads.items():
+        cfg = RunConfig(rate=rate, seed=args.seed, progress=not args.quiet)
+        results[load] = run(requests[:limit] if limit else requests, opts, cfg)
+        print(table(results[load], f"{name}, {load}"), flush=True)
+    return results
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--systems", default=",".join(SYSTEMS), help="[default: %(default)s]")
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help="[default: %(default)s]")
     p.add_argument("--num-prompts", type=int, default=64)
-    p.add_argument("--input-len", type=int, default=256)
-    p.add_argument("--output-len", type=int, default=128)
-    p.add_argument("--request-rate", type=float, default=math.inf)
+    p.add_argument("--input-len", type=int, default=256, help="peer workload [default: %(default)s]")
+    p.add_argument("--output-len", type=int, default=128, help="peer workload [default: %(default)s]")
+    p.add_argument("--poisson-rate", type=float, default=4.0, help="req/s [default: %(default)s]")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-aba", dest="aba", action="store_false", help="Conveyor once, not before and after")
     p.add_argument("--model-dir", type=Path, default=None,
                    help="converted weights [default: Conveyor's default]")
     p.add_argument("--peers-dir", type=Path, default=PEERS_DIR,
@@ -168,83 +94,129 @@ def main() -> int:
     p.add_argument("--no-vllm-client", dest="vllm_client", action="store_false",
                    help="skip `vllm bench serve` (the peers' own client)")
     p.add_argument("--hf-batch-size", type=int, default=16)
+    p.add_argument("--hf-num-prompts", type=int, default=None,
+                   help="HF gets the first N requests of each workload [default: all]")
+    p.add_argument("--hf-workloads", default=None,
+                   help="the workloads HF runs (it is slow) [default: all of --workloads]")
     p.add_argument("--out", type=Path, default=Path("/tmp/conveyor-peers"))
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args()
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C: servers stopped, table printed
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C: servers stopped, tables printed
     systems = args.systems.split(",")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.model_dir is None:
         from engine.loader import resolve_model
 
         args.model_dir = resolve_model(None).path
-    requests = random_workload(HFTokenizer(args.model_dir), args.num_prompts, args.input_len, args.output_len,
-                               args.seed)
-    rows: list[tuple[str, dict[str, Any] | str]] = []
-    runs: dict[str, dict[str, Any]] = {}
-    conveyor = [sys.executable, "-m", "launcher.cli", "serve", "--no-enable-prefix-caching", "--model",
-                str(args.model_dir), "--worker-metrics-port", "0", "--webhook-metrics-port", "0"]
+    loads = workloads(args)
+    runs: dict[str, dict[str, dict[str, Any]] | str] = {}  # system -> workload -> summary, or why not
+    extra: list[tuple[str, dict[str, Any] | str]] = []  # vllm bench serve rows (peer workload)
     vllm_ok = (args.vllm_venv / "bin" / "vllm").exists()
-
+    client = args.vllm_client and vllm_ok and "peer" in loads
+    conveyor = [sys.executable, "-m", "launcher.cli", "serve", "--no-enable-prefix-caching", "--model",
+                str(args.model_dir), "--worker-metrics-port", "0", "--webhook-metrics-port", "0",
+                "--port", "18300", "--sse-keepalive-s", "0"]
     stopped: list[str] = []
 
-    def attempt(label: str, fn: Any) -> None:
+    def attempt(label: str, fn: Callable[[], Any], into: Callable[[Any], None]) -> None:
         if stopped:
-            rows.append((label, "not started: the run was interrupted"))
-            return
+            return into("not started: the run was interrupted")
         started = time.monotonic()
+        print(f"== {label}", file=sys.stderr, flush=True)
         try:
-            runs[label] = fn()
-            rows.append((label, runs[label]))
+            into(fn())
         except PeerUnavailable as exc:
-            rows.append((label, str(exc)))
+            into(str(exc))
             print(f"{label}: could not run: {exc}", file=sys.stderr)
-        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the servers are stopped; the table still prints
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the servers are stopped; the tables still print
             stopped.append(label)
-            rows.append((label, f"interrupted after {time.monotonic() - started:.0f} s (not finished)"))
+            into(f"interrupted after {time.monotonic() - started:.0f} s (not finished)")
 
+    def conveyor_leg(label: str, own_client: bool) -> Callable[[], Any]:
+        def leg() -> dict[str, dict[str, Any]]:
+            with server(conveyor, "http://127.0.0.1:18300/ready", args.out / f"{label}.log"):
+                results = measure_all(label, 18300, loads, args)
+                if own_client:
+                    attempt("Conveyor a, vllm bench serve client",
+                            lambda: vllm_client(args.vllm_venv, 18300, args.model_dir, args, args.out),
+                            lambda r: extra.append(("Conveyor a, `vllm bench serve` client", r)))
+                return results
+        return leg
+
+    def vllm_leg() -> dict[str, dict[str, Any]]:
+        if not vllm_ok:
+            raise PeerUnavailable(f"no vLLM at {args.vllm_venv}: run ../shared/peers/setup-vllm.sh")
+        env = {"VENV": str(args.vllm_venv), "MODEL": str(args.model_dir), "PORT": "18301",
+               "VLLM_CPU_OMP_THREADS_BIND": "0-1"}
+        with server(["bash", str(args.peers_dir / "serve-vllm.sh"), "--no-enable-prefix-caching"],
+                    "http://127.0.0.1:18301/v1/models", args.out / "vllm.log", env, timeout_s=900):
+            results = measure_all("vllm", 18301, loads, args)
+            if client:
+                attempt("vllm, vllm bench serve client",
+                        lambda: vllm_client(args.vllm_venv, 18301, args.model_dir, args, args.out),
+                        lambda r: extra.append(("vLLM, `vllm bench serve` client", r)))
+            return results
+
+    def hf_leg() -> dict[str, dict[str, Any]]:
+        cmd = [sys.executable, str(REPO / "bench" / "hf_server.py"), str(args.model_dir),
+               "--port", "18302", "--batch-size", str(args.hf_batch_size)]
+        with server(cmd, "http://127.0.0.1:18302/v1/models", args.out / "hf.log"):
+            mine = {k: v for k, v in loads.items() if k in (args.hf_workloads or args.workloads).split(",")}
+            return measure_all("hf", 18302, mine, args, args.hf_num_prompts)
+
+    def store(label: str) -> Callable[[Any], None]:
+        return lambda r: runs.__setitem__(label, r)
+
+    hf_label = f"HF generate, static batches of {args.hf_batch_size}" + (
+        f" (first {args.hf_num_prompts} requests)" if args.hf_num_prompts else "")
     if "conveyor" in systems:
-        def conveyor_runs() -> dict[str, Any]:
-            with server([*conveyor, "--port", "18300", "--sse-keepalive-s", "0"],
-                        "http://127.0.0.1:18300/ready", args.out / "conveyor.log"):
-                result = measure("conveyor", 18300, requests, args)
-                if args.vllm_client and vllm_ok:
-                    attempt("conveyor, vllm bench serve client",
-                            lambda: vllm_client(args.vllm_venv, 18300, args.model_dir, args, args.out))
-                return result
-        attempt("conveyor serve", conveyor_runs)
+        attempt(CONVEYOR_A, conveyor_leg("conveyor-a", client), store(CONVEYOR_A))
     if "vllm" in systems:
-        def vllm_runs() -> dict[str, Any]:
-            if not vllm_ok:
-                raise PeerUnavailable(f"no vLLM at {args.vllm_venv}: run ../shared/peers/setup-vllm.sh")
-            env = {"VENV": str(args.vllm_venv), "MODEL": str(args.model_dir), "PORT": "18301",
-                   "VLLM_CPU_OMP_THREADS_BIND": "0-1"}
-            with server(["bash", str(args.peers_dir / "serve-vllm.sh"), "--no-enable-prefix-caching"],
-                        "http://127.0.0.1:18301/v1/models", args.out / "vllm.log", env, timeout_s=900):
-                result = measure("vllm", 18301, requests, args)
-                if args.vllm_client:
-                    attempt("vllm, vllm bench serve client",
-                            lambda: vllm_client(args.vllm_venv, 18301, args.model_dir, args, args.out))
-                return result
-        attempt("vLLM CPU 0.32.0 (both cores)", vllm_runs)
+        attempt("vLLM CPU 0.32.0 (both cores)", vllm_leg, store("vLLM CPU 0.32.0 (both cores)"))
     if "hf" in systems:
-        def hf_runs() -> dict[str, Any]:
-            cmd = [sys.executable, str(REPO / "bench" / "hf_server.py"), str(args.model_dir),
-                   "--port", "18302", "--batch-size", str(args.hf_batch_size)]
-            with server(cmd, "http://127.0.0.1:18302/v1/models", args.out / "hf.log"):
-                return measure("hf", 18302, requests, args)
-        attempt(f"HF generate, static batches of {args.hf_batch_size}", hf_runs)
-    rows.sort(key=lambda row: "bench serve client" in row[0])  # the peers' own client's rows last
-    reference = runs.get("conveyor serve")
-    text = side_by_side(rows, reference)
-    print("\n" + text)
-    (args.out / "table.md").write_text(text + "\n")
-    measured = [(k, v) for k, v in runs.items() if "_records" in v]
-    (args.out / "runs.json").write_text(json.dumps({k: public(v) for k, v in runs.items()},
-                                                   indent=2, default=str))
-    if measured and plots.available():
-        plots.cdfs([v for _, v in measured], [k for k, _ in measured], args.out)
+        attempt(hf_label, hf_leg, store(hf_label))
+    if "conveyor" in systems and args.aba:
+        attempt(CONVEYOR_B, conveyor_leg("conveyor-b", False), store(CONVEYOR_B))
+    report(runs, extra, loads, args)
     return 0
+
+
+def report(runs: dict[str, Any], extra: list[tuple[str, Any]], loads: dict[str, Any],
+           args: argparse.Namespace) -> None:
+    """One table per workload (printed, and in OUT/WORKLOAD/table.md with runs.json and plots)."""
+    texts = []
+    for load, (requests, rate) in loads.items():
+        skipped = "not run on this workload (--hf-workloads)"
+        got = {name: r if isinstance(r, str) else r.get(load, skipped) for name, r in runs.items()}
+        ours = [r for name, r in got.items() if name in (CONVEYOR_A, CONVEYOR_B) and not isinstance(r, str)]
+        base = midpoint(ours)
+        rows = []
+        for name, r in got.items():
+            if name == CONVEYOR_A:
+                rows.append(Row(name, r))
+            elif name == CONVEYOR_B:
+                a = got.get(CONVEYOR_A)
+                rows.append(Row(name, r, values(a) if isinstance(a, dict) else None))
+            else:
+                rows.append(Row(name, r, base))
+        if load == "peer":
+            rows += [Row(name, r, values(got[CONVEYOR_A]) if isinstance(got.get(CONVEYOR_A), dict) else None)
+                     for name, r in extra]
+        title = (f"### {load}: {len(requests)} requests, "
+                 f"{'all at once' if math.isinf(rate) else f'Poisson {rate:g} req/s (seed {args.seed})'}")
+        text = f"{title}\n\n{side_by_side(rows)}\n\n(ratios: peers to the mean of Conveyor a and b; " \
+               "b to a; `vllm bench serve` rows to Conveyor a)"
+        texts.append(text)
+        folder = args.out / load
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "table.md").write_text(text + "\n")
+        measured = {n: r for n, r in got.items() if isinstance(r, dict)}
+        (folder / "runs.json").write_text(json.dumps({n: public(r) for n, r in measured.items()},
+                                                     indent=2, default=str))
+        if measured and plots.available():
+            plots.cdfs(list(measured.values()), list(measured), folder)
+    print("\n" + "\n\n".join(texts))
+    (args.out / "tables.md").write_text("\n\n".join(texts) + "\n")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,9 @@
   are comparable with the peers'.
 - shared-prefix: the same random system prompt of `prefix_len` tokens before each random prompt
   (prefix-cache hits on servers that cache).
+- stream-client: token-id prompts exactly as ../shared/peers/stream-client.py makes them (Python
+  `random.Random(seed)`; MIXED=1: prompt lengths uniform 32-512, outputs 16-256), so figures taken
+  with that client and with this one are of the same requests.
 - jsonl: one request a line, `{"prompt": ...}` or `{"messages": [...]}`, optional `max_tokens`.
 Lengths are "N" (fixed) or "LOW-HIGH" (uniform, inclusive).
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -99,6 +103,17 @@ def random_workload(tok: Tokenizer, n: int, input_len: str | int, output_len: st
         requests.append(Request(prompt=ids if as_ids else text, prompt_len=len(ids),
                                 output_len=int(out_lens[j])))
     return requests
+
+
+def stream_client_workload(vocab_size: int, n: int, mixed: bool, input_len: int = 256,
+                           output_len: int = 128, seed: int = 0) -> list[Request]:
+    """stream-client.py's requests: all lengths drawn first, then each prompt's ids in
+    [100, vocab - 100) (the same draws, in the same order, from the same generator)."""
+    rng = random.Random(seed)
+    lens = [(rng.randint(32, 512), rng.randint(16, 256)) if mixed else (input_len, output_len)
+            for _ in range(n)]
+    return [Request(prompt=(ids := [rng.randrange(100, vocab_size - 100) for _ in range(n_in)]),
+                    prompt_len=len(ids), output_len=n_out) for n_in, n_out in lens]
 
 
 def jsonl_workload(path: Path, n: int | None, output_len: str | int, seed: int = 0,
