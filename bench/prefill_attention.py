@@ -150,7 +150,7 @@ def engine_ab(repeats: int, n_requests: int) -> None:
     for _ in range(repeats):
         for kernel in (False, True):
             attention.prefill_kernel = kernel
-            result, _ = run_engine(engine, requests)
+            result, _, _ = run_engine(engine, requests)
             tps[kernel].append(result.total_tps)
             mfu = (result.prompt_tokens * f_prompt + result.output_tokens * f_gen) / result.seconds / peak
             label = "new (prefill kernel)" if kernel else "old (SDPA prefill)"

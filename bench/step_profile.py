@@ -176,7 +176,7 @@ def main() -> None:
         timer = StepTimer()
         shadow = shadow_sampler(engine) if args.sampler_ab else []
         with timer.install(engine):
-            result, _ = run_engine(engine, requests)
+            result, _, _ = run_engine(engine, requests)
         if args.sampler_ab:
             del engine.sampler.sample  # the shadow
         records = timer.records
