@@ -69,17 +69,18 @@ def engine_leg(model_dir: Path, requests_file: Path, kv: str) -> dict[str, Any]:
     this process loads the engine as the worker does, and nothing else — no tokenizer)."""
 
     from engine.engine import Engine
+    from engine.off_main import build_off_main
     from launcher.roles import engine_config
     from schemas.settings import Settings
 
-    engine = Engine.from_pretrained(model_dir, engine_config(Settings(enable_prefix_caching=False,
-                                                                         kv_cache_memory=kv)))
+    # Built and stepped as the worker does (launcher/roles.py run_worker).
+    engine = build_off_main(lambda: Engine.from_pretrained(
+        model_dir, engine_config(Settings(enable_prefix_caching=False, kv_cache_memory=kv))))
     warm = warmup_requests(model_dir)
     reqs = [Request(prompt=ids, prompt_len=len(ids), output_len=out)
             for ids, out in json.loads(requests_file.read_text())]
     results: dict[str, Any] = {}
-    # Stepped on its own thread, as the worker's engine thread does: stepping on the main thread
-    # without torch.set_num_threads read 5-8x slower per step here (OpenMP's lazily made pool).
+    # Stepped on its own thread, as the worker's engine thread does.
     stepper = threading.Thread(target=lambda: _step_all(engine, warm, reqs, results), name="engine")
     stepper.start()
     stepper.join()
