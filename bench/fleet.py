@@ -36,7 +36,7 @@ from redis.asyncio import Redis  # noqa: E402
 
 from api.jobs import JobStore  # noqa: E402
 from launcher.redis_server import EmbeddedRedis  # noqa: E402
-from schemas.job import JobSpec, JobStatus, RecordField, SamplingSpec, StoppingSpec  # noqa: E402
+from schemas.job import JobResult, JobSpec, JobStatus, RecordField, SamplingSpec, StoppingSpec  # noqa: E402
 from schemas.keys import Keys  # noqa: E402
 from schemas.settings import Settings  # noqa: E402
 
@@ -77,22 +77,23 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def ttfts(redis: Redis, keys: Keys, ids: list[str], timeout: float = 600) -> list[float]:
+async def finished(redis: Redis, keys: Keys, job_id: str, timeout: float = 600) -> tuple[JobResult, float]:
     deadline = time.monotonic() + timeout
-    out = []
-    for job_id in ids:
-        while True:
-            record = await redis.hgetall(keys.job(job_id))
-            status = record.get(RecordField.STATUS)
-            if status and JobStatus(status).is_terminal:
-                if status != JobStatus.SUCCEEDED:
-                    raise RuntimeError(f"job {job_id} ended {status}: {record.get(RecordField.RESULT)}")
-                out.append(float(record[RecordField.FIRST_TOKEN_AT]) - float(record[RecordField.CREATED_AT]))
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"job {job_id} not done after {timeout}s")
-            await asyncio.sleep(0.02)
-    return out
+    while True:
+        record = await redis.hgetall(keys.job(job_id))
+        status = record.get(RecordField.STATUS)
+        if status and JobStatus(status).is_terminal:
+            if status != JobStatus.SUCCEEDED:
+                raise RuntimeError(f"job {job_id} ended {status}: {record.get(RecordField.RESULT)}")
+            ttft = float(record[RecordField.FIRST_TOKEN_AT]) - float(record[RecordField.CREATED_AT])
+            return JobResult.model_validate_json(record[RecordField.RESULT]), ttft
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"job {job_id} not done after {timeout}s")
+        await asyncio.sleep(0.01)
+
+
+async def ttfts(redis: Redis, keys: Keys, ids: list[str]) -> list[float]:
+    return [(await finished(redis, keys, job_id))[1] for job_id in ids]
 
 
 async def run_priority(args: argparse.Namespace, redis: Redis, keys: Keys, settings: Settings) -> None:

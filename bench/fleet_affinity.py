@@ -37,9 +37,9 @@ import httpx
 from redis.asyncio import Redis
 
 from api.jobs import JobStore
-from bench.fleet import REPO, log, pct
+from bench.fleet import REPO, finished, log, pct
 from launcher.redis_server import free_port
-from schemas.job import JobResult, JobSpec, JobStatus, RecordField, SamplingSpec, StoppingSpec
+from schemas.job import JobResult, JobSpec, SamplingSpec, StoppingSpec
 from schemas.keys import Keys
 from schemas.settings import Settings
 
@@ -84,21 +84,6 @@ class Row:
     ttft_p50: float
     ttft_p99: float
     placed: dict[str, int]
-
-
-async def finished(redis: Redis, keys: Keys, job_id: str, timeout: float = 600) -> tuple[JobResult, float]:
-    deadline = time.monotonic() + timeout
-    while True:
-        record = await redis.hgetall(keys.job(job_id))
-        status = record.get(RecordField.STATUS)
-        if status and JobStatus(status).is_terminal:
-            if status != JobStatus.SUCCEEDED:
-                raise RuntimeError(f"job {job_id} ended {status}: {record.get(RecordField.RESULT)}")
-            ttft = float(record[RecordField.FIRST_TOKEN_AT]) - float(record[RecordField.CREATED_AT])
-            return JobResult.model_validate_json(record[RecordField.RESULT]), ttft
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"job {job_id} not done after {timeout}s")
-        await asyncio.sleep(0.01)
 
 
 def placed(ports: list[int]) -> dict[str, int]:

@@ -30,41 +30,14 @@
 #include <memory>
 #include <vector>
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define CONVEYOR_AVX2 1
-#endif
+#include "simd_avx2.h"
 
 namespace {
 
-#ifdef CONVEYOR_AVX2
-// exp for 8 lanes (Cephes polynomial, ~2 ulp): scalar expf per score would cost as much as the
-// rest of the kernel. Inputs here are <= 0 (score - running max); below -87 the result flushes
-// to ~0, which is what the softmax needs.
-inline __m256 exp256(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
-  x = _mm256_min_ps(x, _mm256_set1_ps(88.3f));
-  __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
-  fx = _mm256_floor_ps(fx);
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
-
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+#ifdef CONVEYOR_SIMD_AVX2
+// The same exp polynomial and reduction as the prefill kernel (simd_avx2.h).
+using conveyor_simd::exp8;
+using conveyor_simd::hsum8;
 #endif
 
 // Scores of one block's tokens [off, off + n) against the group's G queries, K stored transposed
@@ -73,7 +46,7 @@ inline float hsum(__m256 v) {
 // horizontal sums are needed. Lanes past n are computed and dropped.
 inline void score_block(const float* q, const float* kt, int64_t bs, int64_t off, int64_t n, int64_t G,
                         int64_t D, int64_t ld, float* s) {
-#ifdef CONVEYOR_AVX2
+#ifdef CONVEYOR_SIMD_AVX2
   if (bs == 16 && D % 2 == 0) {
     // Up to three queries x two 8-token halves x two interleaved dimension sets: twelve independent
     // FMA chains, enough to hide the FMA latency.
@@ -121,13 +94,13 @@ inline void score_block(const float* q, const float* kt, int64_t bs, int64_t off
 // p[t] = exp(p[t] - m) in place for t < n.
 inline void exp_shift(float* p, int64_t n, float m) {
   int64_t t = 0;
-#ifdef CONVEYOR_AVX2
+#ifdef CONVEYOR_SIMD_AVX2
   __m256 mv = _mm256_set1_ps(m);
-  for (; t + 8 <= n; t += 8) _mm256_storeu_ps(p + t, exp256(_mm256_sub_ps(_mm256_loadu_ps(p + t), mv)));
+  for (; t + 8 <= n; t += 8) _mm256_storeu_ps(p + t, exp8(_mm256_sub_ps(_mm256_loadu_ps(p + t), mv)));
   if (t < n) {  // tail through a padded copy: same code path for every lane, no scalar expf
     float tmp[8] = {0};
     std::copy(p + t, p + n, tmp);
-    _mm256_storeu_ps(tmp, exp256(_mm256_sub_ps(_mm256_loadu_ps(tmp), mv)));
+    _mm256_storeu_ps(tmp, exp8(_mm256_sub_ps(_mm256_loadu_ps(tmp), mv)));
     std::copy(tmp, tmp + (n - t), p + t);
     t = n;
   }
@@ -143,7 +116,7 @@ inline void accumulate(float* o, const float* p, const float* v, int64_t stride,
     float* og = o + g * D;
     const float* pg = p + g * ld;
     int64_t d = 0;
-#ifdef CONVEYOR_AVX2
+#ifdef CONVEYOR_SIMD_AVX2
     for (; d + 64 <= D; d += 64) {
       __m256 acc[8];
       for (int j = 0; j < 8; ++j) acc[j] = _mm256_loadu_ps(og + d + 8 * j);
@@ -172,7 +145,7 @@ inline void accumulate(float* o, const float* p, const float* v, int64_t stride,
 inline float max_of(const float* p, int64_t n) {
   float m = -std::numeric_limits<float>::infinity();
   int64_t t = 0;
-#ifdef CONVEYOR_AVX2
+#ifdef CONVEYOR_SIMD_AVX2
   if (n >= 8) {
     __m256 mv = _mm256_loadu_ps(p);
     for (t = 8; t + 8 <= n; t += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(p + t));
@@ -189,10 +162,10 @@ inline float max_of(const float* p, int64_t n) {
 inline float sum_of(const float* p, int64_t n) {
   float acc = 0.f;
   int64_t t = 0;
-#ifdef CONVEYOR_AVX2
+#ifdef CONVEYOR_SIMD_AVX2
   __m256 a = _mm256_setzero_ps();
   for (; t + 8 <= n; t += 8) a = _mm256_add_ps(a, _mm256_loadu_ps(p + t));
-  acc = hsum(a);
+  acc = hsum8(a);
 #endif
   for (; t < n; ++t) acc += p[t];
   return acc;

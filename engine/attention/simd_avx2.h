@@ -8,8 +8,8 @@
 
 namespace conveyor_simd {
 
-// exp for 8 lanes (Cephes polynomial, ~2 ulp; paged_decode.cpp's exp256 is the same one and could
-// move here): inputs are score - running max <= 0, and below -87 the result flushes to ~0.
+// exp for 8 lanes (Cephes polynomial, ~2 ulp), for both attention kernels: scalar expf per score
+// would cost as much as the rest of a kernel. Inputs are score - running max <= 0, and below -87 the result flushes to ~0.
 inline __m256 exp8(__m256 x) {
   x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
   x = _mm256_min_ps(x, _mm256_set1_ps(88.3f));
