@@ -1,7 +1,7 @@
 """Full stack vs the engine alone, on the same requests, in one sitting, and where the full stack's
 extra time goes.
 
-    .venv/bin/python bench/overhead.py                       # peer workload: engine, full stack, engine
+    .venv/bin/python bench/overhead.py                       # peer: engine, full, engine, full, engine
     .venv/bin/python bench/overhead.py --workload mixed --order full,engine,full
     .venv/bin/python bench/overhead.py --num-prompts 8       # a smoke run
 
@@ -11,8 +11,10 @@ Legs, each in its own processes and self-contained (start, warm, measure, stop):
   full    `conveyor serve` over HTTP with `conveyor bench`'s client (all requests at once, streaming
           /v1/completions, the same prompts — as text, which the api tokenizes, unless
           --prompt-format ids).
-The default order engine, full, engine (A-B-A) shows the drift within the sitting. For the full
-stack it reports CPU seconds per process over the measured run, from /proc (api, worker — its
+The default order engine, full, engine, full, engine puts an engine leg on either side of each full
+leg: each full leg is compared with the mean of those two, so the drift within the sitting (10 % and
+more on this shared machine) cancels to first order, and the median of the two ratios is reported.
+For the full stack it reports CPU seconds per process over the measured run, from /proc (api, worker — its
 main thread, the asyncio loop that reads jobs and publishes tokens to Redis, apart from its engine
 thread and OpenMP pool — valkey, webhooks, launcher, the client), and the worker's own engine step
 seconds (its `tgi_batch_inference_duration` histogram) against the engine alone's; the ratio
@@ -144,7 +146,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workload", choices=["peer", "mixed"], default="peer")
     p.add_argument("--num-prompts", type=int, default=64)
-    p.add_argument("--order", default="engine,full,engine", help="legs, in turn [default: %(default)s]")
+    p.add_argument("--order", default="engine,full,engine,full,engine",
+                   help="legs, in turn [default: %(default)s]")
     p.add_argument("--prompt-format", choices=["text", "ids"], default="text",
                    help="how the full stack gets the peer prompts [default: %(default)s]")
     p.add_argument("--model-dir", type=Path, default=None)

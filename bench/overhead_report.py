@@ -26,6 +26,14 @@ def cpu_rows(cpu: dict[str, float]) -> list[tuple[str, float]]:
     return rows
 
 
+def bracketed(legs: Sequence[tuple[str, dict[str, Any]]]) -> list[float]:
+    """full / engine for each full leg run between two engine legs, to the mean of those two: the
+    machine's drift over a sitting (10 % and more here) then cancels to first order."""
+    tps = [(name.startswith("full"), r["total_token_throughput"]) for name, r in legs]
+    return [t / ((tps[i - 1][1] + tps[i + 1][1]) / 2) for i, (full, t) in enumerate(tps)
+            if full and 0 < i < len(tps) - 1 and not tps[i - 1][0] and not tps[i + 1][0]]
+
+
 def report(legs: Sequence[tuple[str, dict[str, Any]]], workload: str, n: int) -> str:
     engines = [r for name, r in legs if name.startswith("engine")]
     fulls = [(name, r) for name, r in legs if name.startswith("full")]
@@ -44,6 +52,11 @@ def report(legs: Sequence[tuple[str, dict[str, Any]]], workload: str, n: int) ->
     if len(engines) > 1:
         lines.append(f"\nEngine drift within the sitting (last / first leg): "
                      f"{engines[-1]['total_token_throughput'] / engines[0]['total_token_throughput']:.3f}×.")
+    ratios = sorted(bracketed(legs))
+    if ratios:
+        median = ratios[len(ratios) // 2] if len(ratios) % 2 else _mean(ratios[len(ratios) // 2 - 1:][:2])
+        lines.append(f"\n**full / engine, each full leg to the engine legs on either side of it: "
+                     f"{median:.3f}** (median of {len(ratios)}; {', '.join(f'{x:.3f}' for x in ratios)}).")
     for name, r in fulls:
         if engines:
             extra = r["duration_s"] - engine_s

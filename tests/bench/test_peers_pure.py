@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import random
 import time
+from typing import Any
 
 import pytest
 
@@ -105,6 +106,21 @@ def test_overhead_report_ratio_and_cpu_breakdown() -> None:
     assert "full / engine = 0.727" in text  # 80 / mean(100, 120)
     assert "Engine drift within the sitting (last / first leg): 1.200×" in text
     assert "| api | 2.00 | 16.0 % |" in text and "+1.50 s" in text  # steps: 11.0 vs 9.5
+
+
+def test_each_full_leg_is_compared_to_the_engine_legs_around_it() -> None:
+    from bench.overhead_report import bracketed, report
+
+    def leg(tps: float, full: bool = False) -> dict[str, Any]:
+        cpu = {"worker": 19.0, "api": 1.0} if full else 19.0
+        return {"total_token_throughput": tps, "duration_s": 10.0, "step_s": 9.5, "steps": 50, "cpu_s": cpu}
+
+    legs = [("engine a", leg(100.0)), ("full a", leg(95.0, True)), ("engine b", leg(110.0)),
+            ("full b", leg(100.0, True)), ("engine c", leg(90.0)), ("full c", leg(50.0, True))]
+    # the last full leg has no engine leg after it: not compared
+    assert [round(x, 4) for x in bracketed(legs)] == [round(95 / 105, 4), 1.0]
+    assert "each full leg to the engine legs on either side of it: 0.952** (median of 2; 0.905, 1.000)" in \
+        report(legs, "peer", 64)
 
 
 def test_the_sitting_s_workloads(tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
