@@ -66,6 +66,21 @@ def tiny_model(path: Path, hidden: int = 64, layers: int = 2) -> Path:
     return path
 
 
+def default_model() -> Path:
+    from engine.loader import resolve_model
+
+    return resolve_model(None).path
+
+
+def block_bytes(model: Path) -> int:
+    """Bytes of one 16-token KV block in fp32: K and V × layers × KV heads × head dim × 16 × 4."""
+    import json
+
+    cfg = json.loads((model / "config.json").read_text())
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    return 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * 16 * 4
+
+
 def spec(i: int, priority: int, new_tokens: int) -> JobSpec:
     return JobSpec(id=uuid.uuid4().hex, created_at=time.time(), prompt_ids=[1000 + i % 500, 2000 + i, 3000],
                    stopping=StoppingSpec(max_new_tokens=new_tokens, ignore_eos=True), sampling=SamplingSpec(),
@@ -135,16 +150,19 @@ def main() -> None:
     parser.add_argument("--high-tokens", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=64, help="the random Llama's width")
     parser.add_argument("--layers", type=int, default=2, help="the random Llama's depth")
+    parser.add_argument("--model", choices=["tiny", "default"], default="tiny",
+                        help="tiny: the random Llama of --hidden/--layers; default: the default model "
+                             "(SmolLM2-135M, converted), whose prefill weighs as in production")
     from bench.fleet_affinity import add_arguments, run_affinity
 
     add_arguments(parser)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp_dir, EmbeddedRedis(Path(tmp_dir) / "redis") as server:
         tmp = Path(tmp_dir)
-        model = tiny_model(tmp / "model", args.hidden, args.layers)
+        model = (default_model() if args.model == "default"
+                 else tiny_model(tmp / "model", args.hidden, args.layers))
         if args.part == "affinity":
-            # K and V × layers × 2 KV heads × head dims (hidden / 4 heads) × 16 tokens × fp32
-            args.block_bytes = 2 * args.layers * 2 * (args.hidden // 4) * 16 * 4
+            args.block_bytes = block_bytes(model)
             asyncio.run(run_affinity(args, server.url, model))
             return
         prefix = f"fleet{uuid.uuid4().hex[:8]}"
