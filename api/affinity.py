@@ -2,12 +2,14 @@
 stream to queue a job.
 
 The api keeps a snapshot of the fleet's prefix-cache summaries (the owners set, then one GET per
-owner, with its heartbeat: a worker whose engine has jobs waiting for room is left out), refreshed
-in the background when older than half a heartbeat, so a submit never waits for it. A job of the
-high or normal band whose prefix a worker holds (`affinity_min_blocks` or more blocks) goes on that
-worker's own stream, with one script that falls back to the shared stream if the own stream is gone
-(its worker left and the fleet deleted it): both streams are in the shard's slot, so the check and
-the XADD are atomic and no job lands on a stream nobody reads.
+owner, with its heartbeat: its engine's prefill backlog; a draining worker is left out), refreshed
+in the background when older than half a heartbeat, so a submit never waits for it. Between two
+refreshes it adds what it places on a worker to that worker's backlog, so a burst does not all go
+to the worker that looked idle at its last heartbeat. A job of the high or normal band goes on the
+own stream of the worker that holds `affinity_min_blocks` or more of its prefix and would finish
+its prefill first (schemas/affinity.best_worker), with one script that falls back to the shared
+stream if the own stream is gone (its worker left and the fleet deleted it): both streams are in
+the shard's slot, so the check and the XADD are atomic and no job lands on a stream nobody reads.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 
-from schemas.affinity import AFFINITY_BANDS, PrefixSummary, best_worker, decode_summary
+from schemas.affinity import AFFINITY_BANDS, WorkerPrefixes, best_worker, decode_summary
 from schemas.bands import band_of
 from schemas.job import JobSpec
 from schemas.keys import Keys
@@ -44,7 +46,7 @@ class Placement:
         self.redis = redis
         self.keys = keys
         self.settings = settings
-        self._summaries: dict[str, PrefixSummary] = {}
+        self._summaries: dict[str, WorkerPrefixes] = {}
         self._read_at = -1e9  # monotonic time of the last refresh
         self._refresh: asyncio.Task[None] | None = None
 
@@ -58,7 +60,10 @@ class Placement:
         best = best_worker(spec.prompt_ids, self._summaries, self.settings.affinity_min_blocks)
         if best is None:
             return None
-        worker, _blocks = best
+        worker, blocks = best
+        held = self._summaries[worker]
+        uncached = len(spec.prompt_ids) - blocks * held.summary.block_size
+        self._summaries[worker] = WorkerPrefixes(held.summary, held.backlog_tokens + uncached)
         shard = self.keys.shard_of(spec.id)
         shared = self.keys.stream_of(spec.id, spec.priority, self.settings.priority_bands)
         args = [item for pair in fields.items() for item in pair]
@@ -89,16 +94,17 @@ class Placement:
             return
         summaries = {}
         for worker, raw, beat in zip(owners, replies[::2], replies[1::2], strict=True):
-            if raw and beat and _has_room(beat) and (summary := decode_summary(raw)) is not None:
-                summaries[worker] = summary
+            backlog = _backlog(beat) if beat else None
+            if raw and backlog is not None and (summary := decode_summary(raw)) is not None:
+                summaries[worker] = WorkerPrefixes(summary, backlog)
         self._summaries = summaries
 
 
-def _has_room(heartbeat: str) -> bool:
-    """A worker whose engine already queues jobs it cannot admit (or that drains) gets no placement:
-    they would wait for it and be taken by another only after affinity_wait_ms."""
+def _backlog(heartbeat: str) -> int | None:
+    """The prompt tokens the worker's engine has yet to prefill; None for a worker that drains (it
+    reads no new jobs) or whose heartbeat this version cannot read."""
     try:
         info = WorkerInfo.model_validate_json(heartbeat)
     except ValueError:
-        return False
-    return not info.draining and info.load.waiting == 0
+        return None
+    return None if info.draining else info.load.prefill_backlog_tokens

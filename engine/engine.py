@@ -302,6 +302,7 @@ class Engine:
         return EngineLoad(
             running=self.scheduler.num_running,
             waiting=self.scheduler.num_waiting,
+            prefill_backlog_tokens=self.scheduler.prefill_backlog,
             blocks_used=bm.num_used_blocks,
             blocks_free=bm.num_free_blocks,
             prefix_cache_hit_rate=bm.prefix_cache_hit_rate,

@@ -57,6 +57,12 @@ class Scheduler:
         return len(self._waiting)
 
     @property
+    def prefill_backlog(self) -> int:
+        """Prompt tokens not yet prefilled, waiting and running sequences together (a decoding
+        sequence's one next token is not prefill)."""
+        return sum(s.num_uncomputed for s in (*self._running, *self._waiting) if s.num_uncomputed > 1)
+
+    @property
     def num_preemptions(self) -> int:
         return self._num_preemptions
 

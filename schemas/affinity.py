@@ -3,7 +3,8 @@
 Each worker publishes a summary of its prefix cache with every heartbeat (Keys.prefixes, TTL one
 lease): its block size and the chained hashes (schemas/prefix_hash.py) of up to SUMMARY_MAX_BLOCKS
 cached full blocks. The api hashes a job's prompt the same way and places the job on the own stream
-of the worker holding the longest prefix, if at least `affinity_min_blocks` long; otherwise, and for
+of the worker holding at least `affinity_min_blocks` of its prefix where its prefill finishes
+first, weighing the prefix held against the worker's backlog (best_worker); otherwise, and for
 the low and batch bands (which must not overtake interactive work by jumping to a worker's own
 stream), on the shared streams. Torch-free: the api and the worker both import it.
 """
@@ -49,22 +50,45 @@ def held_blocks(chain: list[int], summary: PrefixSummary) -> int:
     return 0
 
 
-def best_worker(prompt_ids: list[int], summaries: dict[str, PrefixSummary], min_blocks: int,
+@dataclass(frozen=True, slots=True)
+class WorkerPrefixes:
+    """What placement knows of one worker: its summary, and the prompt tokens it has yet to prefill
+    (its engine's backlog at its last heartbeat, plus the jobs the api placed on it since)."""
+
+    summary: PrefixSummary
+    backlog_tokens: int = 0
+
+
+def best_worker(prompt_ids: list[int], workers: dict[str, WorkerPrefixes], min_blocks: int,
                 rng: random.Random | None = None) -> tuple[str, int] | None:
-    """(worker id, blocks held) of the worker holding the longest prefix of the prompt, at least
-    `min_blocks` long (ties: one at random, so equal holders share the load); None: no such worker."""
+    """(worker id, blocks held) of the worker where the job's prefill is done soonest, or None: queue
+    it on the shared stream.
+
+    Counted in prompt tokens still to compute (Dynamo's KV router weighs the same two terms): the
+    part of the prompt a worker does not hold, plus that worker's backlog. Only a worker holding at
+    least `min_blocks` of the prompt qualifies, and only if it beats computing the whole prompt on
+    the least-loaded worker, which is the one that takes a job from the shared stream first. So a
+    worker with the prefix gets the job until its backlog outweighs the prefill it saves, then the
+    job goes to whoever has room (ties: one at random, so equal holders share the load)."""
     chains: dict[int, list[int]] = {}
-    best: list[str] = []
-    depth_best = min_blocks - 1
-    for worker_id, summary in summaries.items():
+    best: list[tuple[str, int]] = []
+    best_cost = 0
+    for worker_id, worker in sorted(workers.items()):
+        summary = worker.summary
         chain = chains.get(summary.block_size)
         if chain is None:
             chain = chains[summary.block_size] = prefix_hashes(prompt_ids, summary.block_size)
         depth = held_blocks(chain, summary)
-        if depth > depth_best:
-            best, depth_best = [worker_id], depth
-        elif depth == depth_best and best:
-            best.append(worker_id)
+        if depth < min_blocks:
+            continue
+        cost = len(prompt_ids) - depth * summary.block_size + worker.backlog_tokens
+        if not best or cost < best_cost:
+            best, best_cost = [(worker_id, depth)], cost
+        elif cost == best_cost:
+            best.append((worker_id, depth))
     if not best:
         return None
-    return (rng or random).choice(sorted(best)), depth_best
+    least_loaded = min(worker.backlog_tokens for worker in workers.values())
+    if best_cost > len(prompt_ids) + least_loaded:
+        return None
+    return (rng or random).choice(best)

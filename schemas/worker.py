@@ -17,6 +17,9 @@ class EngineLoad(BaseModel):
 
     running: int = 0
     waiting: int = 0
+    # prompt tokens still to prefill: waiting sequences' whole prompts (prefix-cache hits not yet
+    # known) and running ones' unprefilled chunks. Placement weighs it against the prefix it saves.
+    prefill_backlog_tokens: int = 0
     blocks_used: int = 0  # KV blocks held by sequences (cached but free blocks are not counted)
     blocks_free: int = 0
     prefix_cache_hit_rate: float = 0.0

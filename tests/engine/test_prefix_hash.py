@@ -12,7 +12,14 @@ import sys
 from engine.block_manager import BlockManager
 from engine.params import SamplingParams, StoppingParams
 from engine.sequence import Sequence
-from schemas.affinity import PrefixSummary, best_worker, decode_summary, encode_summary, held_blocks
+from schemas.affinity import (
+    PrefixSummary,
+    WorkerPrefixes,
+    best_worker,
+    decode_summary,
+    encode_summary,
+    held_blocks,
+)
 from schemas.prefix_hash import block_hash, prefix_hashes
 
 BS = 4
@@ -54,18 +61,40 @@ def test_the_block_manager_registers_the_chain_the_api_computes() -> None:
 def test_placement_picks_the_longest_held_prefix_of_at_least_min_blocks() -> None:
     prompt = list(range(1000, 1000 + 8 * BS + 1))
     chain = prefix_hashes(prompt, BS)
-    summaries = {
-        "short": PrefixSummary(BS, frozenset(chain[:3])),
-        "long": PrefixSummary(BS, frozenset(chain[:6])),
-        "other": PrefixSummary(BS, frozenset(prefix_hashes(list(range(50, 90)), BS))),
+    workers = {
+        "short": WorkerPrefixes(PrefixSummary(BS, frozenset(chain[:3]))),
+        "long": WorkerPrefixes(PrefixSummary(BS, frozenset(chain[:6]))),
+        "other": WorkerPrefixes(PrefixSummary(BS, frozenset(prefix_hashes(list(range(50, 90)), BS)))),
     }
-    assert held_blocks(chain, summaries["long"]) == 6
-    assert best_worker(prompt, summaries, min_blocks=4) == ("long", 6)
-    assert best_worker(prompt, summaries, min_blocks=7) is None
-    assert best_worker(list(range(5000, 5040)), summaries, min_blocks=1) is None
-    summaries["twin"] = summaries["long"]
-    picks = {best_worker(prompt, summaries, 4, random.Random(seed))[0] for seed in range(20)}  # type: ignore[index]
+    assert held_blocks(chain, workers["long"].summary) == 6
+    assert best_worker(prompt, workers, min_blocks=4) == ("long", 6)
+    assert best_worker(prompt, workers, min_blocks=7) is None
+    assert best_worker(list(range(5000, 5040)), workers, min_blocks=1) is None
+    workers["twin"] = workers["long"]
+    picks = {best_worker(prompt, workers, 4, random.Random(seed))[0] for seed in range(20)}  # type: ignore[index]
     assert picks == {"long", "twin"}  # equal holders share the load
+
+
+def test_placement_weighs_the_prefix_held_against_the_backlog() -> None:
+    prompt = list(range(1000, 1000 + 8 * BS + 1))  # 33 tokens, 8 full blocks
+    chain = prefix_hashes(prompt, BS)
+    long, short = PrefixSummary(BS, frozenset(chain[:6])), PrefixSummary(BS, frozenset(chain[:4]))
+    idle = PrefixSummary(BS, frozenset())
+
+    def place(long_backlog: int, short_backlog: int = 0, idle_backlog: int = 0) -> tuple[str, int] | None:
+        workers = {"long": WorkerPrefixes(long, long_backlog), "short": WorkerPrefixes(short, short_backlog),
+                   "idle": WorkerPrefixes(idle, idle_backlog)}
+        return best_worker(prompt, workers, min_blocks=2)
+
+    # long computes 33 - 24 = 9 tokens + its backlog, short 33 - 16 = 17 + its backlog
+    assert place(long_backlog=7) == ("long", 6)  # 16 < 17: the longer prefix
+    assert place(long_backlog=9) == ("short", 4)  # 18 > 17: short finishes its prefill first
+    ties = {place(long_backlog=8) for _ in range(40)}  # 17 = 17: either, at random
+    assert ties == {("long", 6), ("short", 4)}
+    # each busier than computing the whole prompt on the idle worker (33 + its backlog): shared
+    assert place(long_backlog=30, short_backlog=16) == ("short", 4)  # 33 <= 33 + 0
+    assert place(long_backlog=30, short_backlog=17) is None  # 34 > 33 + 0
+    assert place(long_backlog=30, short_backlog=17, idle_backlog=2) == ("short", 4)  # 34 <= 33 + 2
 
 
 def test_a_summary_round_trips_and_a_foreign_value_is_skipped() -> None:

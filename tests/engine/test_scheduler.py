@@ -333,3 +333,18 @@ def test_random_workloads_finish_with_reference_outputs(
         sim.step()
     sim.run()
     assert sim.outputs == expected
+
+
+def test_prefill_backlog_counts_the_prompt_tokens_not_yet_prefilled() -> None:
+    sim = Sim(max_batch_prefill_tokens=8)
+    sim.add("a", 20)
+    sim.add("b", 6)
+    assert sim.sched.prefill_backlog == 26  # both waiting, whole prompts
+    sim.step()  # 8 of a's prompt
+    assert sim.sched.prefill_backlog == 18
+    while sim.sched.prefill_backlog:
+        sim.step()
+    # everything prefilled: decoding rows (one next token each) are not prefill
+    assert sim.sched.num_running == 2 and all(s.num_uncomputed == 1 for s in sim.seqs.values())
+    sim.run()
+    assert sim.sched.prefill_backlog == 0
