@@ -58,9 +58,11 @@ class Scheduler:
 
     @property
     def prefill_backlog(self) -> int:
-        """Prompt tokens not yet prefilled, waiting and running sequences together (a decoding
-        sequence's one next token is not prefill)."""
-        return sum(s.num_uncomputed for s in (*self._running, *self._waiting) if s.num_uncomputed > 1)
+        """Prompt tokens still to prefill: running sequences' unprefilled chunks (a decoding
+        sequence's one next token is not prefill) and waiting ones' prompts less the prefix the
+        cache held for them when they arrived."""
+        running = sum(s.num_uncomputed for s in self._running if s.num_uncomputed > 1)
+        return running + sum(max(0, s.num_uncomputed - s.expected_hit_tokens) for s in self._waiting)
 
     @property
     def num_preemptions(self) -> int:
@@ -110,6 +112,8 @@ class Scheduler:
                 f" holds ({self.config.max_batch_size}): lower n / best_of or raise max_batch_size"
             )
         self._by_id.setdefault(seq.request_id, {})[seq.choice] = seq
+        if not wants_scores(seq):
+            seq.expected_hit_tokens = len(self.block_manager.match_prefix(seq)) * self.block_manager.block_size
         bisect.insort(self._waiting, seq, key=_rank)
 
     def fork(self, parent: Sequence) -> list[Sequence]:

@@ -55,6 +55,7 @@ class Sequence:
     token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at admission
+    expected_hit_tokens: int = 0  # ... as it held them when the request arrived (the backlog's guess)
     block_table: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None  # set with status FINISHED, never without it

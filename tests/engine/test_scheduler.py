@@ -348,3 +348,7 @@ def test_prefill_backlog_counts_the_prompt_tokens_not_yet_prefilled() -> None:
     assert sim.sched.num_running == 2 and all(s.num_uncomputed == 1 for s in sim.seqs.values())
     sim.run()
     assert sim.sched.prefill_backlog == 0
+    # a prompt whose first blocks the cache holds (a's 20 tokens: 4 full blocks of 4 within the
+    # first 19) counts only the rest
+    again = sim.add("c", list(sim.seqs["a"].prompt_ids))
+    assert again.expected_hit_tokens == 16 and sim.sched.prefill_backlog == 20 - 16
