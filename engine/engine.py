@@ -136,6 +136,9 @@ class Engine:
     def capacity(self) -> int:
         return self.scheduler.capacity()
 
+    def free_slots(self) -> int:
+        return self.scheduler.free_slots()
+
     # --- the step ---------------------------------------------------------------------------
 
     def step(self) -> list[TokenEvent]:

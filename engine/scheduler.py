@@ -113,7 +113,8 @@ class Scheduler:
             )
         self._by_id.setdefault(seq.request_id, {})[seq.choice] = seq
         if not wants_scores(seq):
-            seq.expected_hit_tokens = len(self.block_manager.match_prefix(seq)) * self.block_manager.block_size
+            bm = self.block_manager
+            seq.expected_hit_tokens = len(bm.match_prefix(seq)) * bm.block_size
         bisect.insort(self._waiting, seq, key=_rank)
 
     def fork(self, parent: Sequence) -> list[Sequence]:
@@ -163,6 +164,11 @@ class Scheduler:
             seq.num_computed_tokens += chunk.length
             self.block_manager.cache_blocks(seq)
 
+    def free_slots(self) -> int:
+        """Batch slots no sequence holds, running or waiting (a request's forks included)."""
+        seqs = self._running + self._waiting
+        return max(0, self.config.max_batch_size - len(seqs) - sum(len(s.forks) for s in seqs))
+
     def capacity(self) -> int:
         """How many new requests the engine could start now.
 
@@ -173,10 +179,10 @@ class Scheduler:
         """
         if self._stalled and self._waiting:
             return 0
-        seqs = self._running + self._waiting
-        slots = self.config.max_batch_size - len(seqs) - sum(len(s.forks) for s in seqs)
+        slots = self.free_slots()
         if slots <= 0:
             return 0
+        seqs = self._running + self._waiting
         bm = self.block_manager
         mean_tokens = sum(s.num_tokens for s in seqs) / len(seqs) if seqs else 1.0
         per_request = max(1, bm.blocks_for(int(mean_tokens)))

@@ -114,6 +114,12 @@ class EngineThread:
             pending = self._pending_adds
         return max(0, self.engine.capacity() - pending)
 
+    def free_slots(self) -> int:
+        """Batch slots free even while capacity() is 0 for a waiting job (see ReadLoop._read)."""
+        with self._lock:
+            pending = self._pending_adds
+        return max(0, self.engine.free_slots() - pending)
+
     def _apply(self, command: Command, out: StepOutput) -> None:
         if isinstance(command, list):
             for add in command:

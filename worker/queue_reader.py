@@ -97,6 +97,21 @@ class QueueReader:
         self._due_s = max(0.005, min(due) / 1000) if due else None
         return out
 
+    async def poll_own(self, room: int) -> list[Entry]:
+        """Up to `room` new entries of this worker's own streams only, without waiting: one
+        XREADGROUP per shard (one key each: cluster-safe)."""
+        out: list[Entry] = []
+        for shard in range(self.keys.jobs_shards):
+            if len(out) >= room or not (own := self.affinity.own(shard)):
+                continue
+            reply = await self.redis.xreadgroup(WORKER_GROUP, self.worker_id, {own[0]: ">"},
+                                                count=room - len(out))
+            entries = [entry for stream, items in reply or [] for entry in _entries(stream, items)]
+            if entries:
+                self._seen[shard] = entries[-1].entry_id  # the doorbell rings for later ones only
+            out += entries
+        return out
+
     async def wait(self, room: int) -> list[Entry]:
         """Blocks until any shard has new entries (at most READ_BLOCK_MS, or until an entry of another
         worker's own stream is due); returns what came first."""

@@ -77,9 +77,18 @@ class ReadLoop:
             return done
         room = self.thread.capacity()
         if room <= 0:
+            # Capacity is 0 while the engine has a job waiting for room, so that the shared streams'
+            # jobs go to workers that have it. Jobs on our own stream were placed here for the
+            # prefix we hold: still take them while batch slots are free (the engine queues them;
+            # their prefill is mostly cached), rather than let another take them after
+            # affinity_wait_ms and compute their prefix anew. Polled in time for that bound.
+            if self.affinity.enabled and (slots := self.thread.free_slots()) > 0 and \
+                    (own := await self.queue.poll_own(slots)):
+                return own
             self.room.clear()
+            timeout = min(0.5, self.affinity.wait_ms / 2000) if self.affinity.enabled else 0.5
             with suppress(TimeoutError):
-                async with asyncio.timeout(0.5):  # (wait_for may drop a cancel on Python 3.11)
+                async with asyncio.timeout(timeout):  # (wait_for may drop a cancel on Python 3.11)
                     await self.room.wait()
             return []
         return await self.queue.poll(room) or await self.queue.wait(room)

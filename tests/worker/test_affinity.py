@@ -16,6 +16,7 @@ from api.jobs import JobStore
 from schemas.affinity import decode_summary
 from schemas.job import JobStatus, RecordField
 from schemas.prefix_hash import prefix_hashes
+from schemas.worker import WorkerInfo
 from worker.queue_reader import READ_BLOCK_MS
 
 pytestmark = pytest.mark.slow
@@ -48,9 +49,9 @@ async def placed_on(fleet, worker_id: str) -> int:  # type: ignore[no-untyped-de
     return int((await fleet.redis.xinfo_stream(fleet.keys.own_stream(0, worker_id)))["entries-added"])
 
 
-async def warm(fleet, make_spec, wait_ms: int = WAIT_MS) -> tuple[JobStore, str, str]:  # type: ignore[no-untyped-def]
+async def warm(fleet, make_spec, wait_ms: int = WAIT_MS, **env: str) -> tuple[JobStore, str, str]:  # type: ignore[no-untyped-def]
     """Two workers; one job with the system prompt: (api store, the worker holding it, the other)."""
-    fleet.start("w0", "w1", CONVEYOR_AFFINITY_WAIT_MS=str(wait_ms))
+    fleet.start("w0", "w1", CONVEYOR_AFFINITY_WAIT_MS=str(wait_ms), **env)
     await fleet.wait_ready()
     store = JobStore(fleet.redis, fleet.keys, fleet.settings)
     first = make_spec(prompt(0))
@@ -101,6 +102,36 @@ async def test_a_job_placed_on_a_stopped_worker_is_taken_by_another_within_the_w
     # shared machine: far less than the lease (2 s) a reclaim would take, and it was never delivered.
     assert waited < (WAIT_MS + READ_BLOCK_MS) / 1000, waited
     await fleet.check_events(spec.id, spec.stopping.max_new_tokens)
+
+
+async def test_a_holder_whose_engine_has_a_job_waiting_still_takes_its_own_jobs(fleet, make_spec) -> None:  # type: ignore[no-untyped-def]
+    # 4 prompt tokens a step: a long prompt keeps the holder's engine busy prefilling, and the job
+    # behind it waiting for room (capacity 0: it reads nothing from the shared streams), for seconds
+    store, holder, other = await warm(fleet, make_spec, CONVEYOR_MAX_BATCH_PREFILL_TOKENS="4")
+    view = dict(store.placement._summaries)
+
+    async def place(spec) -> None:  # type: ignore[no-untyped-def]
+        store.placement._summaries, store.placement._read_at = dict(view), time.monotonic()  # idle view
+        await store.submit(spec)
+
+    long = make_spec(SYSTEM + [5000 + i for i in range(3800)], max_new_tokens=1)
+    behind = make_spec(prompt(1), max_new_tokens=1)
+    await place(long)
+    await place(behind)
+    deadline = time.monotonic() + 60
+    while WorkerInfo.model_validate_json(await fleet.redis.get(fleet.keys.worker(holder))).load.waiting < 1:
+        assert time.monotonic() < deadline, f"the holder's engine never queued a job\n{fleet.logs()}"
+        await asyncio.sleep(0.02)
+    own = make_spec(prompt(2))
+    await place(own)
+    assert (await fleet.result(own.id)).status is JobStatus.SUCCEEDED
+    record = await fleet.record(own.id)
+    assert record[RecordField.WORKER] == holder  # not left to the other, to compute the prefix anew
+    await fleet.result(long.id)
+    # taken while the holder was still prefilling the long prompt (its engine queued it), not after
+    long_first_token = float((await fleet.record(long.id))[RecordField.FIRST_TOKEN_AT])
+    assert float(record[RecordField.STARTED_AT]) < long_first_token
+    assert await placed_on(fleet, holder) == 3 and await placed_on(fleet, other) == 0
 
 
 async def test_a_dead_holder_loses_nothing_and_its_streams_are_cleaned_up(fleet, make_spec) -> None:  # type: ignore[no-untyped-def]
