@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention import AttentionBackend
-from engine.model import SUPPORTED_MODEL_TYPES
+from engine.model import SUPPORTED_MODEL_TYPES, fused_ops
 from engine.model.linear import Linear
 
 # RoPE variants whose frequencies depend on the longest position seen: computed per step by
@@ -67,6 +68,11 @@ class Llama:
         self.silu = cfg.hidden_act == "silu"
         cpu = device.type == "cpu"
         self.min_rows = _CPU_MIN_ROWS if cpu else 1
+        # fused_ops.cpp's silu_and_mul and rope on CPU in float32, else None: torch's ops. One
+        # attribute, so that a benchmark can switch paths in one process (bench/engine.py --fused).
+        self.fused: ModuleType | None = fused_ops.for_model(device, dtype)
+        # F.rms_norm for float32 on CPU: one op, the same bits as _rms_norm's five (tests check it).
+        self.fused_norm = cpu and dtype == torch.float32 and fused_ops.enabled()
         self._workspace: dict[str, torch.Tensor] = {}
 
         base = hf.model
@@ -144,9 +150,13 @@ class Llama:
             x = self._rms_norm(h, layer.input_norm)
             qkv = self._apply(layer.qkv, x, "qkv")
             # RoPE on q and k together: q*cos + rotate_half(q)*sin in three passes, into workspaces.
-            qk = qkv[:, : (heads + kv) * hd].view(n_tok, heads + kv, hd)
-            rot = torch.cat((qk[..., half:], qk[..., :half]), dim=-1, out=self._buffer("rot", qk.shape))
-            qk = torch.addcmul(rot.mul_(sin), qk, cos, out=self._buffer("qk", qk.shape))
+            qk = self._buffer("qk", (n_tok, heads + kv, hd))
+            if self.fused is not None:  # one pass, same bits
+                self.fused.rope(qkv, cos.view(n_tok, hd), sin.view(n_tok, hd), heads + kv, qk)
+            else:
+                x = qkv[:, : (heads + kv) * hd].view(qk.shape)
+                rot = torch.cat((x[..., half:], x[..., :half]), dim=-1, out=self._buffer("rot", qk.shape))
+                torch.addcmul(rot.mul_(sin), x, cos, out=qk)
             v = qkv[:, (heads + kv) * hd :].view(n_tok, kv, hd)
             att = attention.forward(
                 qk[:n_real, :heads],
@@ -178,10 +188,14 @@ class Llama:
     def _mlp_rows(self, h: torch.Tensor, layer: _Layer) -> torch.Tensor:
         inter = self.intermediate_size
         gate_up = self._apply(layer.gate_up, self._rms_norm(h, layer.post_norm), "mlp")
+        # Into a contiguous buffer: oneDNN would copy a strided view before the GEMM.
+        act = self._buffer("act", (gate_up.shape[0], inter))
+        if self.fused is not None and self.silu:  # one pass over gate_up, same bits as torch's
+            self.fused.silu_and_mul(gate_up, act)
+            return layer.down.residual(h, act)
         gate, up = gate_up[:, :inter], gate_up[:, inter:]
         gate = F.silu(gate, inplace=True) if self.silu else gate.copy_(self.act(gate))
-        # Into a contiguous buffer: oneDNN would copy a strided view before the GEMM.
-        act = torch.mul(gate, up, out=self._buffer("act", gate.shape))
+        torch.mul(gate, up, out=act)
         return layer.down.residual(h, act)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -216,6 +230,8 @@ class Llama:
         return linear(x, out)
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if self.fused_norm:
+            return F.rms_norm(x, weight.shape, weight, self.eps)
         # As transformers does it: normalise in float32, cast back, then scale.
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
