@@ -144,19 +144,12 @@ class Llama:
         n_tok = input_ids.shape[0]
         heads, kv, hd = self.num_heads, self.num_kv_heads, self.head_dim
         cos, sin = self.rope(positions)
-        half = hd // 2
         h = F.embedding(input_ids, self.embed)
         for i, layer in enumerate(self.layers):
             x = self._rms_norm(h, layer.input_norm)
             qkv = self._apply(layer.qkv, x, "qkv")
-            # RoPE on q and k together: q*cos + rotate_half(q)*sin in three passes, into workspaces.
-            qk = self._buffer("qk", (n_tok, heads + kv, hd))
-            if self.fused is not None:  # one pass, same bits
-                self.fused.rope(qkv, cos.view(n_tok, hd), sin.view(n_tok, hd), heads + kv, qk)
-            else:
-                x = qkv[:, : (heads + kv) * hd].view(qk.shape)
-                rot = torch.cat((x[..., half:], x[..., :half]), dim=-1, out=self._buffer("rot", qk.shape))
-                torch.addcmul(rot.mul_(sin), x, cos, out=qk)
+            # RoPE on q and k together, into a workspace.
+            qk = self._rope(qkv, cos, sin)
             v = qkv[:, (heads + kv) * hd :].view(n_tok, kv, hd)
             att = attention.forward(
                 qk[:n_real, :heads],
@@ -186,17 +179,33 @@ class Llama:
         return h
 
     def _mlp_rows(self, h: torch.Tensor, layer: _Layer) -> torch.Tensor:
-        inter = self.intermediate_size
         gate_up = self._apply(layer.gate_up, self._rms_norm(h, layer.post_norm), "mlp")
+        return layer.down.residual(h, self._act_mul(gate_up))
+
+    def _rope(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """q and k of the qkv GEMM's output, rotated, into workspace [T, heads + kv_heads, head_dim]."""
+        n_tok, hd = qkv.shape[0], self.head_dim
+        qk = self._buffer("qk", (n_tok, self.num_heads + self.num_kv_heads, hd))
+        if self.fused is not None:  # one pass, the same bits as the three below
+            self.fused.rope(qkv, cos.view(n_tok, hd), sin.view(n_tok, hd), qk.shape[1], qk)
+            return qk
+        # q*cos + rotate_half(q)*sin in three passes, into workspaces.
+        half = hd // 2
+        x = qkv[:, : qk.shape[1] * hd].view(qk.shape)
+        rot = torch.cat((x[..., half:], x[..., :half]), dim=-1, out=self._buffer("rot", qk.shape))
+        return torch.addcmul(rot.mul_(sin), x, cos, out=qk)
+
+    def _act_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """act(gate) * up of the gate_up GEMM's output [T, 2 * inter], into workspace [T, inter]."""
+        inter = self.intermediate_size
         # Into a contiguous buffer: oneDNN would copy a strided view before the GEMM.
         act = self._buffer("act", (gate_up.shape[0], inter))
-        if self.fused is not None and self.silu:  # one pass over gate_up, same bits as torch's
+        if self.fused is not None and self.silu:  # one pass over gate_up, the same bits as torch's
             self.fused.silu_and_mul(gate_up, act)
-            return layer.down.residual(h, act)
+            return act
         gate, up = gate_up[:, :inter], gate_up[:, inter:]
         gate = F.silu(gate, inplace=True) if self.silu else gate.copy_(self.act(gate))
-        torch.mul(gate, up, out=act)
-        return layer.down.residual(h, act)
+        return torch.mul(gate, up, out=act)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits for the given rows only (the rows that sample)."""
