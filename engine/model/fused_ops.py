@@ -41,6 +41,9 @@ def load() -> ModuleType | None:
         return None
     from torch.utils import cpp_extension
 
+    build = cpu_kernel.build_dir("fused_ops", [_SOURCE])
+    if not any(build.glob("*.so")):
+        logger.info("compiling the model's fused ops (one time, ~30 s) into %s", build)
     try:
         return cpp_extension.load(
             name="conveyor_fused_ops",
@@ -48,7 +51,7 @@ def load() -> ModuleType | None:
             # No FMA contraction beyond the explicit ones: rope rounds as torch's mul_ + addcmul.
             extra_cflags=["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"],
             extra_ldflags=["-fopenmp"],
-            build_directory=str(cpu_kernel.build_dir("fused_ops", [_SOURCE])),
+            build_directory=str(build),
             verbose=False,
         )
     except Exception as exc:  # noqa: BLE001 - any build failure must leave the torch path working

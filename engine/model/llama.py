@@ -187,7 +187,7 @@ class Llama:
         n_tok, hd = qkv.shape[0], self.head_dim
         qk = self._buffer("qk", (n_tok, self.num_heads + self.num_kv_heads, hd))
         if self.fused is not None:  # one pass, the same bits as the three below
-            self.fused.rope(qkv, cos.view(n_tok, hd), sin.view(n_tok, hd), qk.shape[1], qk)
+            self.fused.rope(qkv, cos.reshape(n_tok, hd), sin.reshape(n_tok, hd), qk.shape[1], qk)
             return qk
         # q*cos + rotate_half(q)*sin in three passes, into workspaces.
         half = hd // 2

@@ -1,6 +1,6 @@
 """engine/model/fused_ops.cpp against the torch ops the Llama forward ran before it (and still runs
 without a compiler): rope bit for bit, silu_and_mul bit for bit where torch's vectorised kernel
-runs (rows a multiple of 32 long, as every supported model's MLP is) and within 1 ulp in torch's
+runs (rows a multiple of 32 long, as every supported model's MLP is) and within 2 ulps in torch's
 scalar tail, F.rms_norm bit for bit against the five-op norm; per row, so alone or in any batch."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def test_silu_and_mul_is_torchs_bit_for_bit(ops, rows: int, inter: int) -> None:
 
 
 @pytest.mark.parametrize("inter", [1, 5, 17, 33, 100])
-def test_silu_and_mul_in_any_row_length_within_an_ulp(ops, inter: int) -> None:  # noqa: ANN001
+def test_silu_and_mul_in_any_row_length_within_two_ulps(ops, inter: int) -> None:  # noqa: ANN001
     gate_up = randn(9, 2 * inter, seed=inter)
     out = torch.empty(9, inter)
     ops.silu_and_mul(gate_up, out)
