@@ -3,7 +3,7 @@
     .venv/bin/python bench/engine.py                 # both workloads, all three systems
     .venv/bin/python bench/engine.py --workload peer --skip-hf
     .venv/bin/python bench/engine.py --skip-hf --max-batch-prefill-tokens 4096,2048,4096  # A-B-A
-    .venv/bin/python bench/engine.py --skip-hf --fused torch,kernel,torch,kernel     # A-B-A-B
+    .venv/bin/python bench/engine.py --skip-hf --fused torch,kernel,kernel,torch     # A-B-B-A
 
 Workloads (all requests submitted at once):
   peer   64 requests, 256 random-token prompts, exactly 128 new tokens (EOS ignored): the workload
