@@ -3,6 +3,7 @@
     .venv/bin/python bench/engine.py                 # both workloads, all three systems
     .venv/bin/python bench/engine.py --workload peer --skip-hf
     .venv/bin/python bench/engine.py --skip-hf --max-batch-prefill-tokens 4096,2048,4096  # A-B-A
+    .venv/bin/python bench/engine.py --skip-hf --fused torch,kernel,kernel,torch     # A-B-B-A
 
 Workloads (all requests submitted at once):
   peer   64 requests, 256 random-token prompts, exactly 128 new tokens (EOS ignored): the workload
@@ -15,7 +16,9 @@ until its longest output), (c) this engine. Model FLOP utilisation = model FLOPs
 fastest of torch.mm (MKL) and oneDNN on a 2048 × 2048 matmul. With several
 --max-batch-prefill-tokens the engine runs the workload once per budget, in that order, in one
 process; each run prints TTFT p50/p99 (from submitting all requests to a request's first token)
-and TPOT p50 (mean time per token after the first, per request).
+and TPOT p50 (mean time per token after the first, per request). --fused does the same for the
+forward's elementwise ops: `kernel` engine/model/fused_ops.cpp + F.rms_norm, `torch` the torch ops
+(what CONVEYOR_CPU_FUSED=torch gives), switched on the one loaded model.
 """
 
 from __future__ import annotations
@@ -179,6 +182,12 @@ def run_engine(engine: Engine, requests: list[Request]) -> tuple[Result, float, 
         engine.overhead_share(min_batch=len(requests)), latency
 
 
+def set_fused(engine: Engine, on: bool, module: object) -> None:
+    """The model's elementwise ops: fused (engine/model/fused_ops.py) or torch's."""
+    model = engine.runner.model
+    model.fused, model.fused_norm = (module if on else None), on and module is not None  # type: ignore[assignment]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -187,8 +196,10 @@ def main() -> None:
     parser.add_argument("--skip-hf", action="store_true", help="engine only")
     parser.add_argument("--one-at-a-time", type=int, default=8, help="requests for baseline (a)")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--max-batch-prefill-tokens", default=str(EngineConfig.max_batch_prefill_tokens),
+    parser.add_argument("--max-batch-prefill-tokens", default=str(EngineConfig().max_batch_prefill_tokens),
                         help="comma-separated budgets: one engine run per budget, in this order")
+    parser.add_argument("--fused", default="kernel",
+                        help="comma-separated 'kernel'/'torch': one engine run per entry (per budget)")
     args = parser.parse_args()
     budgets = [int(b) for b in args.max_batch_prefill_tokens.split(",")]
     torch.set_num_threads(args.threads)
@@ -201,6 +212,7 @@ def main() -> None:
     source = resolve_model(None)
     engine = Engine.from_pretrained(source.path, EngineConfig(enable_prefix_caching=False,
                                                               kv_cache_memory=4 * 1024**3))
+    fused = engine.runner.model.fused
     hf = None
     if not args.skip_hf:
         from transformers import AutoModelForCausalLM
@@ -223,10 +235,12 @@ def main() -> None:
         for r in results:
             print(f"{r.name:30s} total {r.total_tps:7.1f} tok/s   output {r.output_tps:6.1f} tok/s   "
                   f"({r.seconds:.1f} s)")
-        for budget in budgets:
+        for budget, path in ((b, p) for p in args.fused.split(",") for b in budgets):
             engine.config.max_batch_prefill_tokens = budget  # the scheduler reads the same config
+            set_fused(engine, path == "kernel", fused)
             ours, overhead, latency = run_engine(engine, requests)
-            print(f"{ours.name + ' @' + str(budget):30s} total {ours.total_tps:7.1f} tok/s   "
+            label = f"{ours.name} @{budget}" + ("" if args.fused == "kernel" else f" {path}")
+            print(f"{label:30s} total {ours.total_tps:7.1f} tok/s   "
                   f"output {ours.output_tps:6.1f} tok/s   ({ours.seconds:.1f} s)   {latency}")
             if hf is not None:
                 print(f"c/a = {ours.total_tps / results[0].total_tps:.2f}   "

@@ -45,12 +45,18 @@ def _cpu_tag() -> str:
 
 
 def _build_dir() -> Path:
+    return build_dir("paged_decode", [_SOURCE, _PREFILL, *_HEADERS])
+
+
+def build_dir(name: str, sources: list[Path]) -> Path:
+    """The cache directory for extension `name` built from `sources` (shared by the engine's
+    other C++ modules): keyed by torch version, CPU flags and the sources' contents."""
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "conveyor" / "torch_extensions"
     version = torch.__version__.replace("+", "_")
     # Keyed by the sources too: checkouts with different kernels must not rebuild each other's.
-    code = b"".join(path.read_bytes() for path in [_SOURCE, _PREFILL, *_HEADERS])
-    sources = hashlib.sha1(code).hexdigest()[:8]
-    path = Path(root) / f"paged_decode-{version}-{_cpu_tag()}-{sources}"
+    code = b"".join(path.read_bytes() for path in sources)
+    digest = hashlib.sha1(code).hexdigest()[:8]
+    path = Path(root) / f"{name}-{version}-{_cpu_tag()}-{digest}"
     path.mkdir(parents=True, exist_ok=True)
     return path
 

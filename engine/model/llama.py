@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention import AttentionBackend
-from engine.model import SUPPORTED_MODEL_TYPES
+from engine.model import SUPPORTED_MODEL_TYPES, fused_ops
 from engine.model.linear import Linear
 
 # RoPE variants whose frequencies depend on the longest position seen: computed per step by
@@ -67,6 +68,11 @@ class Llama:
         self.silu = cfg.hidden_act == "silu"
         cpu = device.type == "cpu"
         self.min_rows = _CPU_MIN_ROWS if cpu else 1
+        # fused_ops.cpp's silu_and_mul and rope on CPU in float32, else None: torch's ops. One
+        # attribute, so that a benchmark can switch paths in one process (bench/engine.py --fused).
+        self.fused: ModuleType | None = fused_ops.for_model(device, dtype)
+        # F.rms_norm for float32 on CPU: one op, the same bits as _rms_norm's five (tests check it).
+        self.fused_norm = cpu and dtype == torch.float32 and fused_ops.enabled()
         self._workspace: dict[str, torch.Tensor] = {}
 
         base = hf.model
@@ -138,15 +144,12 @@ class Llama:
         n_tok = input_ids.shape[0]
         heads, kv, hd = self.num_heads, self.num_kv_heads, self.head_dim
         cos, sin = self.rope(positions)
-        half = hd // 2
         h = F.embedding(input_ids, self.embed)
         for i, layer in enumerate(self.layers):
             x = self._rms_norm(h, layer.input_norm)
             qkv = self._apply(layer.qkv, x, "qkv")
-            # RoPE on q and k together: q*cos + rotate_half(q)*sin in three passes, into workspaces.
-            qk = qkv[:, : (heads + kv) * hd].view(n_tok, heads + kv, hd)
-            rot = torch.cat((qk[..., half:], qk[..., :half]), dim=-1, out=self._buffer("rot", qk.shape))
-            qk = torch.addcmul(rot.mul_(sin), qk, cos, out=self._buffer("qk", qk.shape))
+            # RoPE on q and k together, into a workspace.
+            qk = self._rope(qkv, cos, sin)
             v = qkv[:, (heads + kv) * hd :].view(n_tok, kv, hd)
             att = attention.forward(
                 qk[:n_real, :heads],
@@ -176,13 +179,33 @@ class Llama:
         return h
 
     def _mlp_rows(self, h: torch.Tensor, layer: _Layer) -> torch.Tensor:
-        inter = self.intermediate_size
         gate_up = self._apply(layer.gate_up, self._rms_norm(h, layer.post_norm), "mlp")
+        return layer.down.residual(h, self._act_mul(gate_up))
+
+    def _rope(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """q and k of the qkv GEMM's output, rotated, into workspace [T, heads + kv_heads, head_dim]."""
+        n_tok, hd = qkv.shape[0], self.head_dim
+        qk = self._buffer("qk", (n_tok, self.num_heads + self.num_kv_heads, hd))
+        if self.fused is not None:  # one pass, the same bits as the three below
+            self.fused.rope(qkv, cos.reshape(n_tok, hd), sin.reshape(n_tok, hd), qk.shape[1], qk)
+            return qk
+        # q*cos + rotate_half(q)*sin in three passes, into workspaces.
+        half = hd // 2
+        x = qkv[:, : qk.shape[1] * hd].view(qk.shape)
+        rot = torch.cat((x[..., half:], x[..., :half]), dim=-1, out=self._buffer("rot", qk.shape))
+        return torch.addcmul(rot.mul_(sin), x, cos, out=qk)
+
+    def _act_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """act(gate) * up of the gate_up GEMM's output [T, 2 * inter], into workspace [T, inter]."""
+        inter = self.intermediate_size
+        # Into a contiguous buffer: oneDNN would copy a strided view before the GEMM.
+        act = self._buffer("act", (gate_up.shape[0], inter))
+        if self.fused is not None and self.silu:  # one pass over gate_up, the same bits as torch's
+            self.fused.silu_and_mul(gate_up, act)
+            return act
         gate, up = gate_up[:, :inter], gate_up[:, inter:]
         gate = F.silu(gate, inplace=True) if self.silu else gate.copy_(self.act(gate))
-        # Into a contiguous buffer: oneDNN would copy a strided view before the GEMM.
-        act = torch.mul(gate, up, out=self._buffer("act", gate.shape))
-        return layer.down.residual(h, act)
+        return torch.mul(gate, up, out=act)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits for the given rows only (the rows that sample)."""
@@ -216,6 +239,8 @@ class Llama:
         return linear(x, out)
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if self.fused_norm:
+            return F.rms_norm(x, weight.shape, weight, self.eps)
         # As transformers does it: normalise in float32, cast back, then scale.
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)

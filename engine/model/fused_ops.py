@@ -1,0 +1,66 @@
+"""The Llama forward's fused elementwise ops on CPU (fused_ops.cpp), built on first use.
+
+silu_and_mul writes silu(gate) * up from the gate_up GEMM's output straight into the contiguous
+buffer the down GEMM reads; rope rotates q and k together from the qkv GEMM's output. Built into
+the same cache as the attention kernel (engine/attention/cpu_kernel.py: keyed by torch version,
+CPU flags and source). CONVEYOR_CPU_FUSED=torch turns them off (for side-by-side benchmarks); if
+they cannot be built the forward logs it once and keeps its torch ops: slower, same results
+(rope bit for bit; silu_and_mul within an ulp of torch's, see the .cpp).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from engine.attention import cpu_kernel
+
+logger = logging.getLogger(__name__)
+
+ENV = "CONVEYOR_CPU_FUSED"
+_SOURCE = Path(__file__).with_name("fused_ops.cpp")
+
+
+def enabled() -> bool:
+    """Whether the fused path is wanted (not turned off by CONVEYOR_CPU_FUSED=torch)."""
+    choice = os.environ.get(ENV, "kernel").strip().lower()
+    if choice not in ("torch", "kernel"):
+        logger.warning("%s=%r is not 'torch' or 'kernel'; using the kernel", ENV, choice)
+    return choice != "torch"
+
+
+@functools.cache
+def load() -> ModuleType | None:
+    """The compiled module, or None when it is turned off or cannot be built (logged once)."""
+    if not enabled():
+        return None
+    from torch.utils import cpp_extension
+
+    build = cpu_kernel.build_dir("fused_ops", [_SOURCE])
+    if not any(build.glob("*.so")):
+        logger.info("compiling the model's fused ops (one time, ~30 s) into %s", build)
+    try:
+        return cpp_extension.load(
+            name="conveyor_fused_ops",
+            sources=[str(_SOURCE)],
+            # No FMA contraction beyond the explicit ones: rope rounds as torch's mul_ + addcmul.
+            extra_cflags=["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(build),
+            verbose=False,
+        )
+    except Exception as exc:  # noqa: BLE001 - any build failure must leave the torch path working
+        last = (str(exc).strip().splitlines() or [""])[-1]
+        logger.warning("could not build the model's fused ops, using torch's (%s: %s); %s, or set %s=torch",
+                       type(exc).__name__, last, cpu_kernel.INSTALL_HINT, ENV)
+        return None
+
+
+def for_model(device: torch.device, dtype: torch.dtype) -> ModuleType | None:
+    """The module when a model on `device` in `dtype` can use it (CPU, float32), else None."""
+    return load() if device.type == "cpu" and dtype == torch.float32 else None

@@ -1,0 +1,117 @@
+"""engine/model/fused_ops.cpp against the torch ops the Llama forward ran before it (and still runs
+without a compiler): rope bit for bit, silu_and_mul bit for bit where torch's vectorised kernel
+runs (rows a multiple of 32 long, as every supported model's MLP is) and within 2 ulps in torch's
+scalar tail, F.rms_norm bit for bit against the five-op norm; per row, so alone or in any batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.model import fused_ops
+
+ROWS = (1, 2, 7, 16, 63, 64, 65, 600)
+
+
+@pytest.fixture(scope="module")
+def ops():  # noqa: ANN201 - the compiled module
+    module = fused_ops.load()
+    if module is None:
+        pytest.skip("the fused ops could not be built here, or CONVEYOR_CPU_FUSED=torch")
+    return module
+
+
+def randn(*shape: int, seed: int = 0, scale: float = 3.0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+def torch_silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    inter = gate_up.shape[1] // 2
+    return F.silu(gate_up[:, :inter].clone(), inplace=True) * gate_up[:, inter:]
+
+
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("inter", [32, 128, 1536])
+def test_silu_and_mul_is_torchs_bit_for_bit(ops, rows: int, inter: int) -> None:  # noqa: ANN001
+    gate_up = randn(rows, 2 * inter, seed=rows + inter)
+    gate_up[0, :4] = torch.tensor([0.0, -0.0, 100.0, -100.0])  # exp's edges: 1, overflow, underflow
+    out = torch.full((rows, inter), float("nan"))
+    ops.silu_and_mul(gate_up, out)
+    assert torch.equal(out, torch_silu_and_mul(gate_up))
+
+
+@pytest.mark.parametrize("inter", [1, 5, 17, 33, 100])
+def test_silu_and_mul_in_any_row_length_within_two_ulps(ops, inter: int) -> None:  # noqa: ANN001
+    gate_up = randn(9, 2 * inter, seed=inter)
+    out = torch.empty(9, inter)
+    ops.silu_and_mul(gate_up, out)
+    torch.testing.assert_close(out, torch_silu_and_mul(gate_up), rtol=2.4e-7, atol=1e-30)
+
+
+def test_silu_and_mul_reads_strided_rows_and_writes_a_strided_out(ops) -> None:  # noqa: ANN001
+    wide = randn(40, 2 * 64 + 24, seed=1)
+    gate_up = wide[:, 8 : 8 + 128]  # row stride 152
+    out_wide = torch.zeros(40, 80)
+    out = out_wide[:, 4:68]
+    ops.silu_and_mul(gate_up, out)
+    assert torch.equal(out, torch_silu_and_mul(gate_up))
+    assert not out_wide[:, :4].any() and not out_wide[:, 68:].any()  # nothing written outside
+
+
+def test_silu_and_mul_rows_do_not_depend_on_the_batch(ops) -> None:  # noqa: ANN001
+    gate_up = randn(600, 2 * 100, seed=2)
+    out = torch.empty(600, 100)
+    ops.silu_and_mul(gate_up, out)
+    for r in (0, 17, 599):
+        alone = torch.empty(1, 100)
+        ops.silu_and_mul(gate_up[r : r + 1], alone)
+        assert torch.equal(alone[0], out[r])
+
+
+def torch_rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> torch.Tensor:
+    """llama.py's torch path: rotate_half by a cat, then mul_ + addcmul."""
+    rows, hd = cos.shape
+    half = hd // 2
+    x = qkv[:, : heads * hd].view(rows, heads, hd)
+    rot = torch.cat((x[..., half:], x[..., :half]), dim=-1)
+    return torch.addcmul(rot.mul_(sin[:, None]), x, cos[:, None])
+
+
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize(("heads", "hd", "extra"), [(12, 64, 192), (6, 16, 32), (3, 10, 0), (2, 128, 256)])
+def test_rope_is_torchs_bit_for_bit(ops, rows: int, heads: int, hd: int, extra: int) -> None:  # noqa: ANN001
+    qkv = randn(rows, heads * hd + extra, seed=rows * hd)  # v's columns after q and k: strided rows
+    angle = randn(rows, hd, seed=7)
+    cos, sin = angle.cos(), angle.sin()
+    sin[:, : hd // 2].neg_()  # sign-folded, as Llama.rope gives it
+    out = torch.full((rows, heads, hd), float("nan"))
+    ops.rope(qkv, cos, sin, heads, out)
+    assert torch.equal(out, torch_rope(qkv, cos, sin, heads))
+
+
+def five_op_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("hidden", [64, 100, 576, 960])
+def test_torch_rms_norm_is_the_five_op_norm_bit_for_bit(rows: int, hidden: int) -> None:
+    x, weight = randn(rows, hidden, seed=rows), randn(hidden, seed=hidden, scale=1.0)
+    got = F.rms_norm(x, (hidden,), weight, 1e-5)
+    assert torch.equal(got, five_op_rms_norm(x, weight, 1e-5))
+    assert torch.equal(F.rms_norm(x[-1:], (hidden,), weight, 1e-5)[0], got[-1])  # alone == in a batch
+
+
+def test_turned_off_by_the_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(fused_ops.ENV, "torch")
+    fused_ops.load.cache_clear()
+    try:
+        assert fused_ops.load() is None
+        assert not fused_ops.enabled()
+    finally:
+        monkeypatch.undo()
+        fused_ops.load.cache_clear()
+    assert fused_ops.for_model(torch.device("cpu"), torch.bfloat16) is None
