@@ -27,10 +27,9 @@ def load() -> ModuleType | None:
     """The compiled module, or None when it cannot be built (logged once)."""
     from torch.utils import cpp_extension
 
-    # Beside the attention kernel's build, keyed the same way (torch version, CPU flags: -march=native).
-    version = torch.__version__.replace("+", "_")
-    build = cpu_kernel._build_dir().parent / f"greedy-{version}-{cpu_kernel._cpu_tag()}"
-    build.mkdir(parents=True, exist_ok=True)
+    # Beside the attention kernel's build, keyed the same way (torch version, CPU flags: -march=native,
+    # source), so a checkout with another greedy.cpp never loads this one's binary.
+    build = cpu_kernel.build_dir("greedy", [_SOURCE])
     try:
         return cpp_extension.load(
             name="conveyor_greedy",
