@@ -2,15 +2,15 @@
 stream to queue a job.
 
 The api keeps a snapshot of the fleet's prefix-cache summaries (the owners set, then one GET per
-owner, with its heartbeat: its engine's prefill backlog; a worker that drains or whose engine has a
-job waiting for room is left out), refreshed in the background when older than half a heartbeat, so
-a submit never waits for it. Between two refreshes it adds what it places on a worker to that
-worker's backlog, so a burst does not all go to the worker that looked idle at its last heartbeat. A
-job of the high or normal band goes on the own stream of the worker that holds `affinity_min_blocks`
-or more of its prefix and would finish its prefill first (schemas/affinity.best_worker), with one
-script that falls back to the shared stream if the own stream is gone (its worker left and the fleet
-deleted it): both streams are in the shard's slot, so the check and the XADD are atomic and no job
-lands on a stream nobody reads.
+owner, with its heartbeat: its engine's prefill backlog; a worker that drains is left out),
+refreshed in the background when older than half a heartbeat, so a submit never waits for it.
+Between two refreshes it adds what it places on a worker to that worker's backlog, so a burst does
+not all go to the worker that looked idle at its last heartbeat. A job of the high or normal band
+goes on the own stream of the worker that holds `affinity_min_blocks` or more of its prefix and
+would finish its prefill first (schemas/affinity.best_worker), with one script that falls back to
+the shared stream if the own stream is gone (its worker left and the fleet deleted it): both streams
+are in the shard's slot, so the check and the XADD are atomic and no job lands on a stream nobody
+reads.
 """
 
 from __future__ import annotations
@@ -102,12 +102,12 @@ class Placement:
 
 
 def _backlog(heartbeat: str) -> int | None:
-    """The prompt tokens the worker's engine has yet to prefill; None for a worker that takes no job
-    now: it drains, or its engine left a job it could not admit at its last step (it reads nothing
-    until a step frees room, so a job placed there would wait affinity_wait_ms and then be taken,
-    without the prefix, by another), or this version cannot read its heartbeat."""
+    """The prompt tokens the worker's engine has yet to prefill; None for a worker that drains (it
+    reads no new jobs) or whose heartbeat this version cannot read. A worker whose engine has a job
+    waiting for room still counts: it takes its own stream's jobs meanwhile (worker/read_loop.py),
+    and its backlog says how long they would wait there."""
     try:
         info = WorkerInfo.model_validate_json(heartbeat)
     except ValueError:
         return None
-    return None if info.draining or info.load.waiting else info.load.prefill_backlog_tokens
+    return None if info.draining else info.load.prefill_backlog_tokens
