@@ -15,6 +15,7 @@ from types import ModuleType
 
 import torch
 
+from engine import native_build
 from engine.attention import cpu_kernel
 
 logger = logging.getLogger(__name__)
@@ -25,20 +26,11 @@ _SOURCE = Path(__file__).with_name("greedy.cpp")
 @functools.cache
 def load() -> ModuleType | None:
     """The compiled module, or None when it cannot be built (logged once)."""
-    from torch.utils import cpp_extension
-
     # Beside the attention kernel's build, keyed the same way (torch version, CPU flags: -march=native,
     # source), so a checkout with another greedy.cpp never loads this one's binary.
     build = cpu_kernel.build_dir("greedy", [_SOURCE])
     try:
-        return cpp_extension.load(
-            name="conveyor_greedy",
-            sources=[str(_SOURCE)],
-            extra_cflags=["-O3", "-march=native", "-fopenmp"],
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(build),
-            verbose=False,
-        )
+        return native_build.load("conveyor_greedy", [_SOURCE], build, ["-O3", "-march=native", "-fopenmp"])
     except Exception as exc:  # noqa: BLE001 - any build failure must leave the torch path working
         last = (str(exc).strip().splitlines() or [""])[-1]
         logger.warning("could not build the sampler's greedy kernel, using log_softmax + argmax (%s: %s); %s",

@@ -25,6 +25,8 @@ from types import ModuleType
 
 import torch
 
+from engine import native_build
+
 logger = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).with_name("paged_decode.cpp")
@@ -72,22 +74,14 @@ def load() -> ModuleType | None:
         return None
     if choice not in ("kernel", "decode"):
         logger.warning("%s=%r is not 'torch', 'decode' or 'kernel'; using the kernel", ENV, choice)
-    from torch.utils import cpp_extension
-
     build = _build_dir()
     fresh = not any(build.glob("*.so"))
     if fresh:
         logger.info("compiling the CPU attention kernel (one time, ~1 min) into %s", build)
     t0 = time.perf_counter()
     try:
-        module = cpp_extension.load(
-            name="conveyor_paged_decode",
-            sources=[str(_SOURCE), str(_PREFILL)],
-            extra_cflags=["-O3", "-march=native", "-fopenmp"],
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(build),
-            verbose=False,
-        )
+        module = native_build.load("conveyor_paged_decode", [_SOURCE, _PREFILL], build,
+                                   ["-O3", "-march=native", "-fopenmp"])
     except Exception as exc:  # noqa: BLE001 - any build failure must leave the torch path working
         _unavailable = f"{_build_failure(exc)}; {INSTALL_HINT}"
         logger.warning(

@@ -18,6 +18,7 @@ from types import ModuleType
 
 import torch
 
+from engine import native_build
 from engine.attention import cpu_kernel
 
 logger = logging.getLogger(__name__)
@@ -39,21 +40,13 @@ def load() -> ModuleType | None:
     """The compiled module, or None when it is turned off or cannot be built (logged once)."""
     if not enabled():
         return None
-    from torch.utils import cpp_extension
-
     build = cpu_kernel.build_dir("fused_ops", [_SOURCE])
     if not any(build.glob("*.so")):
         logger.info("compiling the model's fused ops (one time, ~30 s) into %s", build)
     try:
-        return cpp_extension.load(
-            name="conveyor_fused_ops",
-            sources=[str(_SOURCE)],
-            # No FMA contraction beyond the explicit ones: rope rounds as torch's mul_ + addcmul.
-            extra_cflags=["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"],
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(build),
-            verbose=False,
-        )
+        # No FMA contraction beyond the explicit ones: rope rounds as torch's mul_ + addcmul.
+        return native_build.load("conveyor_fused_ops", [_SOURCE], build,
+                                 ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"])
     except Exception as exc:  # noqa: BLE001 - any build failure must leave the torch path working
         last = (str(exc).strip().splitlines() or [""])[-1]
         logger.warning("could not build the model's fused ops, using torch's (%s: %s); %s, or set %s=torch",
