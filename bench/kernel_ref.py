@@ -38,7 +38,8 @@ class RefKernels:
             text = _show(ref, f"{DIR}/{stem}")
             if text is None:
                 continue
-            text = text.replace("TORCH_LIBRARY_FRAGMENT(conveyor,", f"TORCH_LIBRARY_FRAGMENT(conveyor_{name},")
+            fragment = "TORCH_LIBRARY_FRAGMENT(conveyor"
+            text = text.replace(f"{fragment},", f"{fragment}_{name},")
             for header in re.findall(r'#include "([^"]+)"', text):
                 body = _show(ref, f"{DIR}/{header}")
                 if body is not None:

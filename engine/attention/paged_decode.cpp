@@ -411,7 +411,19 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
   return out;
 }
 
+// The widest vector paths this build compiled (it is built with -march=native for this CPU).
+const char* simd() {
+#if defined(CONVEYOR_SIMD_AVX512)
+  return "avx512";
+#elif defined(CONVEYOR_SIMD_AVX2)
+  return "avx2";
+#else
+  return "scalar";
+#endif
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("simd", &simd, "the widest SIMD paths compiled in: avx512, avx2 or scalar");
   // partition: 256 tokens, as vLLM's 512 halved for 2-16 CPU threads: a 768-token row is 3 tasks; smaller adds
   // reductions, larger leaves threads idle on a few long rows (bench/decode_attention.py sweeps it).
   m.def("paged_decode", &paged_decode, "paged decode attention (fp32, CPU)", py::arg("q"), py::arg("k_cache"),
