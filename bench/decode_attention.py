@@ -8,7 +8,8 @@ paths; 4f2e818 is the one before context partitions, one task per row) as a seco
 batches of 16, 32 and 64 rows with contexts uniform in 32..768 tokens (seeded), SmolLM2-135M's
 geometry (9 heads, 3 KV heads, head_dim 64, block size 16), blocks shuffled over a cache larger
 than the last-level cache (one layer's K/V of several batches, cycled, so each call reads cold
-memory as the engine's 30 layers do). This tree's kernel also runs at a few partition sizes.
+memory as the engine's 30 layers do). This tree's kernel also runs at a few partition sizes, and
+at 256 on a copy of the caches backed by 2 MiB pages ("new 2MiB", as the engine's KV cache is).
 Prints per batch the work imbalance each kernel's schedule gives (context tokens of the busiest
 thread over the mean: the base splits rows into one contiguous run per thread, the new one hands
 partitions longest first to the first free thread), then the best and median time of each over
@@ -33,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.kernel_ref import RefKernels  # noqa: E402
+from engine import hugepages  # noqa: E402
 from engine.attention import cpu_kernel  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
@@ -103,6 +105,14 @@ def main() -> None:
     for p in partitions:
         kernels[f"new p={p}"] = lambda b, p=p: new.paged_decode(
             b[0], k_cache, v_cache, b[1], b[2], scale, -1, p
+        )
+    # The engine's cache sits on 2 MiB pages (engine/hugepages.py); the caches above on 4 KiB ones.
+    k_huge, v_huge = torch.empty_like(k_cache), torch.empty_like(v_cache)
+    if hugepages.advise(k_huge) and hugepages.advise(v_huge):
+        k_huge.copy_(k_cache)
+        v_huge.copy_(v_cache)
+        kernels["new 2MiB p=256"] = lambda b: new.paged_decode(
+            b[0], k_huge, v_huge, b[1], b[2], scale, -1, 256
         )
     print(f"threads {args.threads}, {args.rounds} rounds x {args.calls} calls, base = {args.base_ref}")
     # What this machine streams at all: a plain torch sum over both caches (larger than the LLC).
