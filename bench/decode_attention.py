@@ -1,17 +1,20 @@
 """The paged decode kernel on ragged batches: a baseline kernel against this tree's, side by side.
 
-    .venv/bin/python bench/decode_attention.py [--base-ref 4f2e818] [--threads 2] [--rounds 30]
+    .venv/bin/python bench/decode_attention.py [--base-ref 65eae92] [--threads 2] [--rounds 30]
 
-Builds the kernel source of git ref --base-ref (before context partitions: one task per row) as a
-second extension, then times both in one process, interleaved A-B per round on the same inputs:
+Builds the kernel source of git ref --base-ref (default: the AVX2-only kernel, before the AVX-512
+paths; 4f2e818 is the one before context partitions, one task per row) as a second extension
+(bench/kernel_ref.py), then times both in one process, interleaved A-B per round on the same inputs:
 batches of 16, 32 and 64 rows with contexts uniform in 32..768 tokens (seeded), SmolLM2-135M's
 geometry (9 heads, 3 KV heads, head_dim 64, block size 16), blocks shuffled over a cache larger
 than the last-level cache (one layer's K/V of several batches, cycled, so each call reads cold
-memory as the engine's 30 layers do). This tree's kernel also runs at a few partition sizes.
+memory as the engine's 30 layers do). This tree's kernel also runs at a few partition sizes, and
+at 256 on a copy of the caches backed by 2 MiB pages ("new 2MiB", as the engine's KV cache is).
 Prints per batch the work imbalance each kernel's schedule gives (context tokens of the busiest
 thread over the mean: the base splits rows into one contiguous run per thread, the new one hands
 partitions longest first to the first free thread), then the best and median time of each over
-the rounds, base/new of the best times, and base/new per round (median, min..max): on a shared
+the rounds, the K/V read rate at the best time (GB/s of the context's fp32 K and V, each byte
+read once), base/new of the best times, and base/new per round (median, min..max): on a shared
 machine the best time is the least disturbed.
 """
 
@@ -20,9 +23,7 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,28 +33,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.kernel_ref import RefKernels  # noqa: E402
+from engine import hugepages  # noqa: E402
 from engine.attention import cpu_kernel  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
-SOURCE = "engine/attention/paged_decode.cpp"
-
-
-def build_base(ref: str) -> object:
-    from torch.utils import cpp_extension
-
-    source = subprocess.run(
-        ["git", "-C", str(ROOT), "show", f"{ref}:{SOURCE}"], check=True, capture_output=True, text=True
-    ).stdout
-    build = Path(tempfile.mkdtemp(prefix="decode-base-"))
-    (build / "paged_decode_base.cpp").write_text(source)
-    return cpp_extension.load(
-        name="conveyor_paged_decode_base",
-        sources=[str(build / "paged_decode_base.cpp")],
-        extra_cflags=["-O3", "-march=native", "-fopenmp"],
-        extra_ldflags=["-fopenmp"],
-        build_directory=str(build),
-        verbose=False,
-    )
 
 
 def batches(rows: int, copies: int, rng: random.Random, k_cache: torch.Tensor) -> list[tuple]:
@@ -97,7 +81,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--base-ref", default="4f2e818", help="git ref of the baseline kernel source")
+    parser.add_argument("--base-ref", default="65eae92", help="git ref of the baseline kernel source")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--calls", type=int, default=5, help="calls per timing")
@@ -107,7 +91,7 @@ def main() -> None:
     new = cpu_kernel.load()
     if new is None:
         sys.exit(f"kernel not built: {cpu_kernel.unavailable_reason()}")
-    base = build_base(args.base_ref)
+    base = RefKernels(args.base_ref).module
     rng = random.Random(0)
     copies = 4
     num_blocks = 64 * (768 // BLOCK + 1) * copies
@@ -122,7 +106,18 @@ def main() -> None:
         kernels[f"new p={p}"] = lambda b, p=p: new.paged_decode(
             b[0], k_cache, v_cache, b[1], b[2], scale, -1, p
         )
+    # The engine's cache sits on 2 MiB pages (engine/hugepages.py); the caches above on 4 KiB ones.
+    k_huge, v_huge = torch.empty_like(k_cache), torch.empty_like(v_cache)
+    if hugepages.advise(k_huge) and hugepages.advise(v_huge):
+        k_huge.copy_(k_cache)
+        v_huge.copy_(v_cache)
+        kernels["new 2MiB p=256"] = lambda b: new.paged_decode(
+            b[0], k_huge, v_huge, b[1], b[2], scale, -1, 256
+        )
     print(f"threads {args.threads}, {args.rounds} rounds x {args.calls} calls, base = {args.base_ref}")
+    # What this machine streams at all: a plain torch sum over both caches (larger than the LLC).
+    stream = min(timed(lambda _: k_cache.sum() + v_cache.sum(), [()], 2) for _ in range(5))
+    print(f"read rate of a plain torch sum over the caches: {2 * k_cache.nbytes / stream / 1e9:.1f} GB/s")
     for rows in (16, 32, 64):
         inputs = batches(rows, copies, rng, k_cache)
         ref = base.paged_decode(inputs[0][0], k_cache, v_cache, inputs[0][1], inputs[0][2], scale, -1)
@@ -134,19 +129,21 @@ def main() -> None:
                 times[name].append(timed(call, inputs, args.calls))
         ctxs = [int(c) for c in inputs[0][2]]
         tokens = sum(ctxs)
+        kv_bytes = tokens * KV_HEADS * HEAD_DIM * 4 * 2
         balance = ", ".join(
             f"{name} {imbalance(ctxs, args.threads, None if name == 'base' else int(name.split('=')[1])):.3f}"
             for name in kernels
         )
         print(f"\n{rows} rows: busiest thread / mean at {args.threads} threads: {balance}")
         print(
-            f"\n{rows} rows, {tokens} context tokens: best / median ms, base/new of the best,"
-            " base/new per round median (min..max)"
+            f"\n{rows} rows, {tokens} context tokens ({kv_bytes / 1e6:.1f} MB of K/V): best / median ms,"
+            " GB/s at the best, base/new of the best, base/new per round median (min..max)"
         )
         for name, ts in times.items():
             ratios = [b / t for b, t in zip(times["base"], ts, strict=True)]
             print(
-                f"  {name:10s} {1e3 * min(ts):7.3f} / {1e3 * statistics.median(ts):7.3f} ms   "
+                f"  {name:10s} {1e3 * min(ts):7.3f} / {1e3 * statistics.median(ts):7.3f} ms "
+                f"{kv_bytes / min(ts) / 1e9:6.1f} GB/s   "
                 f"{min(times['base']) / min(ts):.3f}   "
                 f"{statistics.median(ratios):.3f} ({min(ratios):.3f}..{max(ratios):.3f})"
             )

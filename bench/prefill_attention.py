@@ -3,18 +3,23 @@ prefill kernel, side by side in one process.
 
     .venv/bin/python bench/prefill_attention.py                # micro: one layer's attention
     .venv/bin/python bench/prefill_attention.py --engine 2     # + bench/engine.py's mixed workload, A-B x 2
+    .venv/bin/python bench/prefill_attention.py --base-ref 65eae92   # old = that ref's kernel, not SDPA
 
 Micro: SmolLM2-135M geometry (9 heads, 3 KV heads, head_dim 64, the engine's block size), blocks
 shuffled in the cache, for single fresh chunks of 32..512 rows, a chunk continuing a prompt
 (start > 0), and a mixed step of ragged chunks (prompt lengths 32..512, seeded, up to the engine's
 prefill token budget). Both paths get the same inputs; old and new alternate within each repeat,
-and the figures are medians over repeats of each
-side's fastest call in 0.2 s. GFLOP/s counts 4 x head_dim x heads per visible (query,
-key) pair; the ratio's spread is the min..max of the per-repeat ratios.
+and the figures are medians over repeats of each side's fastest call in 0.2 s. GFLOP/s counts
+4 x head_dim x heads per visible (query, key) pair; the ratio's spread is the min..max of the
+per-repeat ratios. --base-ref REF makes "old" the paged_prefill kernel of git ref REF (built beside
+this tree's by bench/kernel_ref.py; 65eae92 is the AVX2-only one) instead of SDPA.
 
 --engine N: the mixed workload of bench/engine.py on the real model through one Engine, N times
 each path, alternating old, new, old, new (the same as running bench/engine.py --workload mixed
 --skip-hf with CONVEYOR_CPU_ATTENTION=decode, then unset, but in one sitting and one process).
+With --base-ref, old is that ref's decode and prefill kernels, new this tree's (the engine's calls
+to cpu_kernel.paged_decode / paged_prefill are pointed at one build or the other per run);
+--workload peer|mixed|both picks bench/engine.py's workloads.
 """
 
 from __future__ import annotations
@@ -79,7 +84,7 @@ def _time(fn, min_seconds: float = 0.2) -> float:  # type: ignore[no-untyped-def
     return best
 
 
-def micro(repeats: int) -> None:
+def micro(repeats: int, base_ref: str | None = None) -> None:
     bs, budget = EngineConfig().block_size, EngineConfig().max_batch_prefill_tokens
     num_blocks = 2 * budget // bs + 64
     geometry = AttentionGeometry(
@@ -90,6 +95,14 @@ def micro(repeats: int) -> None:
         sys.exit(f"the prefill kernel is not available: {cpu_kernel.unavailable_reason()}")
     old = TorchAttention(geometry)
     old.prefill_kernel = False  # what CONVEYOR_CPU_ATTENTION=decode selects
+    base = None
+    if base_ref is not None:
+        from bench.kernel_ref import RefKernels
+
+        base = RefKernels(base_ref)
+        if not base.has_prefill:
+            sys.exit(f"{base_ref} has no paged_prefill.cpp")
+        print(f"old = the paged_prefill kernel of {base_ref}, new = this tree's ({cpu_kernel.load().simd()})")
     k_cache, v_cache = torch.randn(new.cache_shape()), torch.randn(new.cache_shape())
     blocks = list(range(num_blocks))
     random.Random(0).shuffle(blocks)
@@ -106,6 +119,9 @@ def micro(repeats: int) -> None:
         out = q.new_empty(q.shape)
 
         def run_old() -> None:  # noqa: B023 - run in this iteration only
+            if base is not None:
+                base.paged_prefill(q, k_cache, v_cache, p.tables, p.starts, p.lens, geometry.scale, None, out)  # noqa: B023
+                return
             for i, chunk in enumerate(old_meta.prefills):  # noqa: B023
                 old._prefill(q, k, v, k_cache, v_cache, chunk, old._mask(old_meta, 1, i, None), out)  # noqa: B023
 
@@ -126,8 +142,11 @@ def micro(repeats: int) -> None:
         )
 
 
-def engine_ab(repeats: int, n_requests: int) -> None:
-    """bench/engine.py's mixed workload through one Engine, prefill kernel off and on in turn."""
+def engine_ab(
+    repeats: int, n_requests: int, base_ref: str | None = None, workloads: tuple[str, ...] = ("mixed",)
+) -> None:
+    """bench/engine.py's workloads through one Engine, old and new in turn: the prefill kernel
+    off and on, or (base_ref) that ref's kernels and this tree's."""
     from transformers import AutoConfig
 
     from bench.engine import flops_per_token, matmul_peak, run_engine, workload
@@ -144,24 +163,44 @@ def engine_ab(repeats: int, n_requests: int) -> None:
         sys.exit(f"the prefill kernel is not in use: {cpu_kernel.unavailable_reason()}")
     config = AutoConfig.from_pretrained(source.path)
     f_prompt, f_gen = flops_per_token(config)
-    requests = workload("mixed", config.vocab_size, n_requests)
-    print(f"\n== engine, mixed workload ({n_requests} requests), fp32 matmul peak {peak / 1e9:.0f} GFLOP/s")
-    tps: dict[bool, list[float]] = {False: [], True: []}
-    for _ in range(repeats):
-        for kernel in (False, True):
-            attention.prefill_kernel = kernel
-            result, _, _ = run_engine(engine, requests)
-            tps[kernel].append(result.total_tps)
-            mfu = (result.prompt_tokens * f_prompt + result.output_tokens * f_gen) / result.seconds / peak
-            label = "new (prefill kernel)" if kernel else "old (SDPA prefill)"
-            print(
-                f"{label:22s} total {result.total_tps:7.1f} tok/s  MFU {100 * mfu:5.1f} %"
-                f"  ({result.seconds:.1f} s)"
-            )
-    ratios = [n / o for o, n in zip(tps[False], tps[True], strict=True)]
-    print(
-        f"new/old total tok/s: median {statistics.median(ratios):.3f} ({min(ratios):.3f}..{max(ratios):.3f})"
-    )
+    ours = (cpu_kernel.paged_decode, cpu_kernel.paged_prefill)
+    base = None
+    if base_ref is not None:
+        from bench.kernel_ref import RefKernels
+
+        base = RefKernels(base_ref)
+    labels = {False: "old (SDPA prefill)", True: "new (prefill kernel)"}
+    if base is not None:
+        labels = {False: f"old ({base_ref} kernels)", True: f"new ({cpu_kernel.load().simd()} kernels)"}
+
+    def select(new: bool) -> None:
+        if base is None:
+            attention.prefill_kernel = new
+            return
+        cpu_kernel.paged_decode, cpu_kernel.paged_prefill = (
+            ours if new else (base.paged_decode, base.paged_prefill)
+        )
+
+    for name in workloads:
+        requests = workload(name, config.vocab_size, n_requests)
+        print(
+            f"\n== engine, {name} workload ({n_requests} requests), fp32 matmul peak {peak / 1e9:.0f} GFLOP/s"
+        )
+        tps: dict[bool, list[float]] = {False: [], True: []}
+        for _ in range(repeats):
+            for new in (False, True):
+                select(new)
+                result, _, _ = run_engine(engine, requests)
+                tps[new].append(result.total_tps)
+                mfu = (result.prompt_tokens * f_prompt + result.output_tokens * f_gen) / result.seconds / peak
+                print(
+                    f"{labels[new]:24s} total {result.total_tps:7.1f} tok/s  MFU {100 * mfu:5.1f} %"
+                    f"  ({result.seconds:.1f} s)"
+                )
+        select(True)
+        ratios = [n / o for o, n in zip(tps[False], tps[True], strict=True)]
+        spread = f"{min(ratios):.3f}..{max(ratios):.3f}"
+        print(f"new/old total tok/s: median {statistics.median(ratios):.3f} ({spread})")
 
 
 def main() -> None:
@@ -170,13 +209,20 @@ def main() -> None:
     )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5, help="A-B pairs per micro case")
+    parser.add_argument("--base-ref", help="git ref whose prefill kernel is 'old' (default: SDPA)")
     parser.add_argument("--engine", type=int, default=0, metavar="N", help="also N A-B pairs of the engine")
     parser.add_argument("--requests", type=int, default=64, help="engine: requests (bench/engine.py: 64)")
+    parser.add_argument(
+        "--workload", choices=("mixed", "peer", "both"), default="mixed", help="engine: workload"
+    )
+    parser.add_argument("--skip-micro", action="store_true", help="engine A-B only")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    micro(args.repeats)
+    if not args.skip_micro:
+        micro(args.repeats, args.base_ref)
     if args.engine:
-        engine_ab(args.engine, args.requests)
+        workloads = ("peer", "mixed") if args.workload == "both" else (args.workload,)
+        engine_ab(args.engine, args.requests, args.base_ref, workloads)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import os
 
 import torch
 
+from engine import hugepages
 from engine.config import EngineConfig
 
 _GIB = 1024**3
@@ -67,7 +68,9 @@ class KVCache:
         self.dtype = dtype
         self.device = device
         # One allocation for everything: [layer, K/V, *layer_shape].
-        self._data = torch.zeros((num_layers, 2, *layer_shape), dtype=dtype, device=device)
+        self._data = torch.empty((num_layers, 2, *layer_shape), dtype=dtype, device=device)
+        self.huge_pages = hugepages.advise(self._data)  # before the first touch (engine/hugepages.py)
+        self._data.zero_()
         self.k: list[torch.Tensor] = [self._data[i, 0] for i in range(num_layers)]
         self.v: list[torch.Tensor] = [self._data[i, 1] for i in range(num_layers)]
         per_block = self._data.numel() * self._data.element_size() // (num_blocks + 1)

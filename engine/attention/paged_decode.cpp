@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "simd_avx2.h"
+#include "simd_avx512.h"
 
 namespace {
 
@@ -39,6 +40,12 @@ namespace {
 using conveyor_simd::exp8;
 using conveyor_simd::hsum8;
 #endif
+#ifdef CONVEYOR_SIMD_AVX512
+using conveyor_simd::exp16;
+using conveyor_simd::first_lanes;
+using conveyor_simd::hmax16;
+using conveyor_simd::hsum16;
+#endif
 
 // Scores of one block's tokens [off, off + n) against the group's G queries, K stored transposed
 // within the block ([D, bs]): s[g * ld + t - off]. Vectorised over tokens: for each dimension d, one
@@ -46,6 +53,37 @@ using conveyor_simd::hsum8;
 // horizontal sums are needed. Lanes past n are computed and dropped.
 inline void score_block(const float* q, const float* kt, int64_t bs, int64_t off, int64_t n, int64_t G,
                         int64_t D, int64_t ld, float* s) {
+#ifdef CONVEYOR_SIMD_AVX512
+  if (bs == 16 && D % 4 == 0) {
+    // A block's 16 token scores in one zmm: up to three queries x four interleaved dimensions,
+    // twelve independent FMA chains, each K row loaded once for the group.
+    const __mmask16 keep = static_cast<__mmask16>(first_lanes(off + n) & ~first_lanes(off));
+    for (int64_t g0 = 0; g0 < G; g0 += 3) {
+      const int64_t gn = std::min<int64_t>(3, G - g0);
+      const float* qg[3] = {q + g0 * D, q + (g0 + std::min<int64_t>(1, gn - 1)) * D, q + (g0 + gn - 1) * D};
+      __m512 acc[3][4];
+#pragma GCC unroll 3
+      for (int j = 0; j < 3; ++j)
+        for (int u = 0; u < 4; ++u) acc[j][u] = _mm512_setzero_ps();
+      for (int64_t d = 0; d < D; d += 4) {
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; ++u) {
+          const __m512 k = _mm512_loadu_ps(kt + (d + u) * 16);
+#pragma GCC unroll 3
+          for (int j = 0; j < 3; ++j) acc[j][u] = _mm512_fmadd_ps(_mm512_set1_ps(qg[j][d + u]), k, acc[j][u]);
+        }
+      }
+      // Lanes [off, off + n) moved down to [0, n) and stored: no copy through memory.
+#pragma GCC unroll 3
+      for (int j = 0; j < 3; ++j) {
+        if (j >= gn) break;
+        const __m512 v = _mm512_add_ps(_mm512_add_ps(acc[j][0], acc[j][1]), _mm512_add_ps(acc[j][2], acc[j][3]));
+        _mm512_mask_storeu_ps(s + (g0 + j) * ld, first_lanes(n), _mm512_maskz_compress_ps(keep, v));
+      }
+    }
+    return;
+  }
+#endif
 #ifdef CONVEYOR_SIMD_AVX2
   if (bs == 16 && D % 2 == 0) {
     // Up to three queries x two 8-token halves x two interleaved dimension sets: twelve independent
@@ -94,7 +132,14 @@ inline void score_block(const float* q, const float* kt, int64_t bs, int64_t off
 // p[t] = exp(p[t] - m) in place for t < n.
 inline void exp_shift(float* p, int64_t n, float m) {
   int64_t t = 0;
-#ifdef CONVEYOR_SIMD_AVX2
+#ifdef CONVEYOR_SIMD_AVX512
+  const __m512 mz = _mm512_set1_ps(m);
+  for (; t < n; t += 16) {  // the tail through masked lanes: same code path for every lane
+    const __mmask16 k = first_lanes(n - t);
+    _mm512_mask_storeu_ps(p + t, k, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, p + t), mz)));
+  }
+  return;
+#elif defined(CONVEYOR_SIMD_AVX2)
   __m256 mv = _mm256_set1_ps(m);
   for (; t + 8 <= n; t += 8) _mm256_storeu_ps(p + t, exp8(_mm256_sub_ps(_mm256_loadu_ps(p + t), mv)));
   if (t < n) {  // tail through a padded copy: same code path for every lane, no scalar expf
@@ -108,10 +153,50 @@ inline void exp_shift(float* p, int64_t n, float m) {
   for (; t < n; ++t) p[t] = std::exp(p[t] - m);
 }
 
+#ifdef CONVEYOR_SIMD_AVX512
+// o[g] += sum_t p[g][t] * v[t] for up to three queries of the group at once over J * 16 floats of
+// the head: each V load serves all of them, 3 * J independent chains.
+template <int J>
+inline void accumulate16(float* o, const float* p, const float* v, int64_t stride, int64_t n, int64_t gn,
+                         int64_t D, int64_t ld) {
+  const float* pg[3] = {p, p + std::min<int64_t>(1, gn - 1) * ld, p + (gn - 1) * ld};
+  __m512 acc[3][J];
+#pragma GCC unroll 3
+  for (int g = 0; g < 3; ++g)
+    for (int j = 0; j < J; ++j) acc[g][j] = _mm512_loadu_ps(o + std::min<int64_t>(g, gn - 1) * D + 16 * j);
+  for (int64_t t = 0; t < n; ++t) {
+    const float* vt = v + t * stride;
+    __m512 vj[J];
+    for (int j = 0; j < J; ++j) vj[j] = _mm512_loadu_ps(vt + 16 * j);
+#pragma GCC unroll 3
+    for (int g = 0; g < 3; ++g) {
+      const __m512 pt = _mm512_set1_ps(pg[g][t]);
+      for (int j = 0; j < J; ++j) acc[g][j] = _mm512_fmadd_ps(pt, vj[j], acc[g][j]);
+    }
+  }
+#pragma GCC unroll 3
+  for (int g = 0; g < 3; ++g) {
+    if (g >= gn) break;  // a repeated query's lanes are dropped
+    for (int j = 0; j < J; ++j) _mm512_storeu_ps(o + g * D + 16 * j, acc[g][j]);
+  }
+}
+#endif
+
 // o[g] += sum_t p[g][t] * v[t] over the block's n tokens. Up to 64 floats of o[g] stay in registers
 // while t runs: eight independent chains, and o is loaded and stored once per block.
 inline void accumulate(float* o, const float* p, const float* v, int64_t stride, int64_t n, int64_t G,
                        int64_t D, int64_t ld) {
+#ifdef CONVEYOR_SIMD_AVX512
+  if (D % 16 == 0) {
+    for (int64_t g0 = 0; g0 < G; g0 += 3) {
+      const int64_t gn = std::min<int64_t>(3, G - g0);
+      int64_t d = 0;
+      for (; d + 64 <= D; d += 64) accumulate16<4>(o + g0 * D + d, p + g0 * ld, v + d, stride, n, gn, D, ld);
+      for (; d < D; d += 16) accumulate16<1>(o + g0 * D + d, p + g0 * ld, v + d, stride, n, gn, D, ld);
+    }
+    return;
+  }
+#endif
   for (int64_t g = 0; g < G; ++g) {
     float* og = o + g * D;
     const float* pg = p + g * ld;
@@ -145,7 +230,11 @@ inline void accumulate(float* o, const float* p, const float* v, int64_t stride,
 inline float max_of(const float* p, int64_t n) {
   float m = -std::numeric_limits<float>::infinity();
   int64_t t = 0;
-#ifdef CONVEYOR_SIMD_AVX2
+#ifdef CONVEYOR_SIMD_AVX512
+  __m512 mz = _mm512_set1_ps(m);
+  for (; t < n; t += 16) mz = _mm512_max_ps(mz, _mm512_mask_loadu_ps(_mm512_set1_ps(m), first_lanes(n - t), p + t));
+  return hmax16(mz);
+#elif defined(CONVEYOR_SIMD_AVX2)
   if (n >= 8) {
     __m256 mv = _mm256_loadu_ps(p);
     for (t = 8; t + 8 <= n; t += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(p + t));
@@ -162,7 +251,11 @@ inline float max_of(const float* p, int64_t n) {
 inline float sum_of(const float* p, int64_t n) {
   float acc = 0.f;
   int64_t t = 0;
-#ifdef CONVEYOR_SIMD_AVX2
+#ifdef CONVEYOR_SIMD_AVX512
+  __m512 az = _mm512_setzero_ps();
+  for (; t < n; t += 16) az = _mm512_add_ps(az, _mm512_maskz_loadu_ps(first_lanes(n - t), p + t));
+  return hsum16(az);
+#elif defined(CONVEYOR_SIMD_AVX2)
   __m256 a = _mm256_setzero_ps();
   for (; t + 8 <= n; t += 8) a = _mm256_add_ps(a, _mm256_loadu_ps(p + t));
   acc = hsum8(a);
@@ -318,7 +411,19 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
   return out;
 }
 
+// The widest vector paths this build compiled (it is built with -march=native for this CPU).
+const char* simd() {
+#if defined(CONVEYOR_SIMD_AVX512)
+  return "avx512";
+#elif defined(CONVEYOR_SIMD_AVX2)
+  return "avx2";
+#else
+  return "scalar";
+#endif
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("simd", &simd, "the widest SIMD paths compiled in: avx512, avx2 or scalar");
   // partition: 256 tokens, as vLLM's 512 halved for 2-16 CPU threads: a 768-token row is 3 tasks; smaller adds
   // reductions, larger leaves threads idle on a few long rows (bench/decode_attention.py sweeps it).
   m.def("paged_decode", &paged_decode, "paged decode attention (fp32, CPU)", py::arg("q"), py::arg("k_cache"),

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "simd_avx2.h"
+#include "simd_avx512.h"
 
 namespace {
 
@@ -33,6 +34,11 @@ namespace {
 using conveyor_simd::exp8;
 using conveyor_simd::hmax8;
 using conveyor_simd::hsum8;
+#endif
+#ifdef CONVEYOR_SIMD_AVX512
+using conveyor_simd::exp16;
+using conveyor_simd::hmax16;
+using conveyor_simd::hsum16;
 #endif
 
 constexpr int64_t kTile = 16;  // query rows per task: G * 16 vectors share each K/V block load
@@ -45,6 +51,38 @@ constexpr int64_t kSpan = 64;  // keys per online-softmax step, rounded to whole
 // adds and maxes), so the span stays in vectors with the mask as lanes; lanes outside [a, e) may
 // hold anything (they are never computed for blocks before the window).
 inline float softmax_span(float* sn, int64_t L, int64_t a, int64_t e, float& m) {
+#ifdef CONVEYOR_SIMD_AVX512
+  if (L % 16 == 0) {  // the AVX2 path below in 16 lanes, the mask in a mask register
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i av = _mm512_set1_epi32(static_cast<int>(a) - 1), ev = _mm512_set1_epi32(static_cast<int>(e));
+    const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    auto mask = [&](int64_t t) {
+      const __m512i i = _mm512_add_epi32(lane, _mm512_set1_epi32(static_cast<int>(t)));
+      return static_cast<__mmask16>(_mm512_cmpgt_epi32_mask(i, av) & _mm512_cmpgt_epi32_mask(ev, i));
+    };
+    const bool whole = a == 0 && e == L;
+    __m512 mx = ninf;
+    for (int64_t t = 0; t < L; t += 16) {
+      const __m512 x = _mm512_loadu_ps(sn + t);
+      mx = _mm512_max_ps(mx, whole ? x : _mm512_mask_mov_ps(ninf, mask(t), x));
+    }
+    m = std::max(m, hmax16(mx));
+    const __m512 mv = _mm512_set1_ps(m);
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t t = 0; t < L; t += 16) {
+      __m512 p;
+      if (whole) {
+        p = exp16(_mm512_sub_ps(_mm512_loadu_ps(sn + t), mv));
+      } else {
+        const __mmask16 k = mask(t);
+        p = _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(_mm512_mask_mov_ps(ninf, k, _mm512_loadu_ps(sn + t)), mv)));
+      }
+      _mm512_storeu_ps(sn + t, p);
+      sum = _mm512_add_ps(sum, p);
+    }
+    return hsum16(sum);
+  }
+#endif
 #ifdef CONVEYOR_SIMD_AVX2
   if (L % 8 == 0) {
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -90,6 +128,27 @@ inline float softmax_span(float* sn, int64_t L, int64_t a, int64_t e, float& m) 
 // s[n * ld + t] = q[n] . k[t] for the block's bs tokens (all lanes; masking comes later). K is
 // [D, bs]: for each dimension one load of K's row serves six query vectors, twelve FMA chains.
 void scores(const float* q, const float* kt, int64_t N, int64_t D, int64_t bs, int64_t ld, float* s) {
+#ifdef CONVEYOR_SIMD_AVX512
+  if (bs == 16) {  // K's row of 16 tokens in one zmm, serving twelve query vectors: twelve chains
+    for (int64_t n0 = 0; n0 < N; n0 += 12) {
+      const int64_t nn = std::min<int64_t>(12, N - n0);
+      const float* qj[12];
+      for (int j = 0; j < 12; ++j) qj[j] = q + std::min<int64_t>(n0 + j, N - 1) * D;  // tail: repeats, dropped
+      __m512 acc[12];
+#pragma GCC unroll 12
+      for (int j = 0; j < 12; ++j) acc[j] = _mm512_setzero_ps();
+      for (int64_t d = 0; d < D; ++d) {
+        const __m512 k = _mm512_loadu_ps(kt + d * 16);
+#pragma GCC unroll 12
+        for (int j = 0; j < 12; ++j) acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(qj[j][d]), k, acc[j]);
+      }
+#pragma GCC unroll 12
+      for (int j = 0; j < 12; ++j)
+        if (j < nn) _mm512_storeu_ps(s + (n0 + j) * ld, acc[j]);
+    }
+    return;
+  }
+#endif
 #ifdef CONVEYOR_SIMD_AVX2
   if (bs == 16) {
     for (int64_t n0 = 0; n0 < N; n0 += 6) {
@@ -129,8 +188,56 @@ void scores(const float* q, const float* kt, int64_t N, int64_t D, int64_t bs, i
 // o[n] += sum_t p[n * L + t] * v[t] for t in [a[n], e[n]), v[t] the row at vrow[t]. Two vectors at a time over 32 dimensions:
 // eight accumulators, each V load serves both (the pair runs over the union of their ranges; the
 // other's lanes there have p = 0 and add exactly nothing).
+#ifdef CONVEYOR_SIMD_AVX512
+// values() for four vectors n0.. (repeats of the last past N, dropped) over J * 16 dimensions from
+// d: each V load serves all four, 4 * J chains.
+template <int J>
+inline void values16(float* o, const float* p, const float* const* vrow, int64_t n0, int64_t nn, int64_t ta,
+                     int64_t te, int64_t d, int64_t D, int64_t L) {
+  const float* pj[4];
+  float* oj[4];
+  for (int i = 0; i < 4; ++i) {
+    const int64_t n = n0 + std::min<int64_t>(i, nn - 1);
+    pj[i] = p + n * L;
+    oj[i] = o + n * D + d;
+  }
+  __m512 acc[4][J];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < J; ++j) acc[i][j] = _mm512_loadu_ps(oj[i] + 16 * j);
+  for (int64_t t = ta; t < te; ++t) {
+    const float* vt = vrow[t] + d;
+    __m512 v[J];
+    for (int j = 0; j < J; ++j) v[j] = _mm512_loadu_ps(vt + 16 * j);
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      const __m512 b = _mm512_set1_ps(pj[i][t]);
+      for (int j = 0; j < J; ++j) acc[i][j] = _mm512_fmadd_ps(b, v[j], acc[i][j]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i)
+    if (i < nn)
+      for (int j = 0; j < J; ++j) _mm512_storeu_ps(oj[i] + 16 * j, acc[i][j]);
+}
+#endif
+
 void values(float* o, const float* p, const float* const* vrow, const int64_t* a, const int64_t* e, int64_t N,
             int64_t D, int64_t L) {
+#ifdef CONVEYOR_SIMD_AVX512
+  if (D % 16 == 0) {  // four vectors at a time, over the union of their ranges (p = 0 outside each)
+    for (int64_t n0 = 0; n0 < N; n0 += 4) {
+      const int64_t nn = std::min<int64_t>(4, N - n0);
+      int64_t ta = a[n0], te = e[n0];
+      for (int64_t n = n0 + 1; n < n0 + nn; ++n) ta = std::min(ta, a[n]), te = std::max(te, e[n]);
+      if (ta >= te) continue;
+      int64_t d = 0;
+      for (; d + 64 <= D; d += 64) values16<4>(o, p, vrow, n0, nn, ta, te, d, D, L);
+      for (; d < D; d += 16) values16<1>(o, p, vrow, n0, nn, ta, te, d, D, L);
+    }
+    return;
+  }
+#endif
   for (int64_t n0 = 0; n0 < N; n0 += 2) {
     const int64_t n1 = std::min(n0 + 1, N - 1);
     const int64_t ta = std::min(a[n0], a[n1]), te = std::max(e[n0], e[n1]);

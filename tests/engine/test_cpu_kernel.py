@@ -6,6 +6,7 @@ import logging
 import os
 import random
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -72,7 +73,10 @@ def _reference(q, k_cache, v_cache, tables, ctxs, window):
         (4, 4, 32, 4),  # no GQA
         (8, 2, 16, 5),  # block size not a power of two
         (6, 2, 12, 8),  # head_dim not a multiple of 8: scalar path
-        (12, 1, 8, 16),  # group of 12 > 8: scalar path
+        (12, 1, 8, 16),  # group of 12, head_dim 8: AVX-512 scores, p @ V below 16 floats
+        (6, 3, 80, 16),  # head_dim 64 + 16: AVX-512 p @ V's 4-zmm and 1-zmm steps, group of 2
+        (4, 2, 48, 16),  # head_dim 48: 1-zmm steps only
+        (3, 3, 66, 16),  # head_dim not a multiple of 4 or 16: the AVX2 / scalar fallbacks
     ],
 )
 @pytest.mark.parametrize("window", [None, 7])
@@ -130,6 +134,16 @@ def test_rejects_bad_block_ids() -> None:
         cpu_kernel.paged_decode(
             q, k_cache, v_cache, padded, torch.tensor(ctxs, dtype=torch.int32), 0.25, None
         )
+
+
+@needs_kernel
+def test_widest_simd_for_this_cpu() -> None:
+    """Built with -march=native: a CPU with AVX-512F gets the AVX-512 paths (the tests above then
+    exercise them), one with AVX2 + FMA the AVX2 paths."""
+    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
+    flags = next(line for line in cpuinfo if line.startswith("flags")).split()
+    expected = "avx512" if "avx512f" in flags else "avx2" if {"avx2", "fma"} <= set(flags) else "scalar"
+    assert cpu_kernel.load().simd() == expected
 
 
 def _geometry() -> AttentionGeometry:

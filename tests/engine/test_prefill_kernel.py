@@ -85,6 +85,8 @@ def _run(q, k_cache, v_cache, padded, starts, lens, window, scale):
         (8, 2, 16, 5),  # block size not a power of two
         (6, 2, 12, 8),  # head_dim not a multiple of 8
         (12, 1, 8, 16),  # one KV head for twelve query heads
+        (6, 3, 80, 16),  # head_dim 64 + 16: AVX-512 p @ V's 4-zmm and 1-zmm steps
+        (3, 3, 66, 16),  # head_dim not a multiple of 16: the AVX2 / scalar p @ V
     ],
 )
 @pytest.mark.parametrize("window", [None, 1, 7, 40])
