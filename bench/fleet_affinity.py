@@ -3,6 +3,7 @@ prefix is cached?
 
     nice -n 10 .venv/bin/python bench/fleet.py affinity                  # 1, 2 and 3 workers, 200 requests
     nice -n 10 .venv/bin/python bench/fleet.py affinity --requests 100 --fleets 2
+    .venv/bin/python bench/fleet.py affinity --model default --fleets 1 2     # SmolLM2 itself
 
 Workloads (the same prompts for every sitting, from one seed):
   shared:  `--prefixes` (8) "system prompts" of `--prefix-tokens` (512) random tokens, each request one
