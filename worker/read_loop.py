@@ -86,7 +86,8 @@ class ReadLoop:
                     (own := await self.queue.poll_own(slots)):
                 return own
             self.room.clear()
-            timeout = min(0.5, self.affinity.wait_ms / 2000) if self.affinity.enabled else 0.5
+            # (at least 10 ms: a 1 ms bound must not turn this into a busy loop of reads)
+            timeout = min(0.5, max(0.01, self.affinity.wait_ms / 2000)) if self.affinity.enabled else 0.5
             with suppress(TimeoutError):
                 async with asyncio.timeout(timeout):  # (wait_for may drop a cancel on Python 3.11)
                     await self.room.wait()
