@@ -1,6 +1,6 @@
 """The CPU attention kernels of another git ref, built as a second extension beside this tree's,
 so one process can time both on the same inputs (bench/decode_attention.py,
-bench/prefill_attention.py, bench/engine_kernels.py).
+bench/prefill_attention.py, whose --engine runs the engine on both).
 
 The ref's paged_decode.cpp, its paged_prefill.cpp where it has one, and the headers they include
 are copied out of git into a fresh directory; its prefill op is registered under
