@@ -73,12 +73,16 @@ def default_model() -> Path:
 
 
 def block_bytes(model: Path) -> int:
-    """Bytes of one 16-token KV block in fp32: K and V × layers × KV heads × head dim × 16 × 4."""
+    """Bytes of one 16-token fp32 KV block of the model, as the engine sizes its cache."""
     import json
+
+    import torch
+
+    from engine.kv_cache import bytes_per_block
 
     cfg = json.loads((model / "config.json").read_text())
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    return 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * 16 * 4
+    return bytes_per_block(cfg["num_hidden_layers"], 16, cfg["num_key_value_heads"], head_dim, torch.float32)
 
 
 def spec(i: int, priority: int, new_tokens: int) -> JobSpec:

@@ -3,6 +3,7 @@ stack's time and CPU went (markdown)."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -54,7 +55,7 @@ def report(legs: Sequence[tuple[str, dict[str, Any]]], workload: str, n: int) ->
                      f"{engines[-1]['total_token_throughput'] / engines[0]['total_token_throughput']:.3f}×.")
     ratios = sorted(bracketed(legs))
     if ratios:
-        median = ratios[len(ratios) // 2] if len(ratios) % 2 else _mean(ratios[len(ratios) // 2 - 1:][:2])
+        median = statistics.median(ratios)
         lines.append(f"\n**full / engine, each full leg to the engine legs on either side of it: "
                      f"{median:.3f}** (median of {len(ratios)}; {', '.join(f'{x:.3f}' for x in ratios)}).")
     for name, r in fulls:
