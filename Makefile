@@ -2,7 +2,8 @@
 #
 # torch: the CPU build is pinned so a CPU machine never pulls a multi-GB CUDA build. On a GPU
 # machine: make run TORCH_SPEC="torch==2.13.0" TORCH_INDEX=https://download.pytorch.org/whl/cu128
-# EXTRAS=dev,gpu
+# (its triton runs the CUDA attention kernels; EXTRAS=dev,bench,flash-attn adds flash-attn, which
+# compiles from source)
 
 PYTHON ?= python3
 VENV ?= .venv

@@ -21,3 +21,8 @@ class EngineConfig:
     num_blocks: int | None = None  # overrides the memory budget (tests)
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
     device: str = "auto"  # auto: cuda when available, else cpu
+    # auto, flash-attn, triton or torch: engine/attention/__init__.py's select_attention.
+    attention: str = "auto"
+    # Batch sizes of the pure-decode CUDA graphs (TGI's --cuda-graphs); None: 1, 2, 4, 8, then
+    # every 16 up to max_batch_size; (): no graphs.
+    cuda_graphs: tuple[int, ...] | None = None

@@ -71,7 +71,7 @@ class ModelRunner:
             device=self.device,
             dtype=self.dtype,
         )
-        self.attention = select_attention(geometry)
+        self.attention = select_attention(geometry, config.attention)
         self.cache = KVCache(
             m.num_layers,
             self.num_blocks,
@@ -81,11 +81,13 @@ class ModelRunner:
             self.device,
         )
         self.graphs = None
-        if self.device.type == "cuda" and self.attention.name == "flash-attn" and m.graph_safe:
-            from engine.attention.cuda import DecodeGraphs
+        if self.device.type == "cuda" and self.attention.supports_graphs and m.graph_safe:
+            from engine.attention.cuda import DecodeGraphs, graph_sizes
 
-            with torch.inference_mode():
-                self.graphs = DecodeGraphs(self._forward, geometry, config.max_batch_size, m.max_positions)
+            sizes = graph_sizes(config.max_batch_size, config.cuda_graphs)
+            if sizes:
+                with torch.inference_mode():
+                    self.graphs = DecodeGraphs(self._forward, geometry, sizes, m.max_positions)
         logger.info(
             "model runner: %s %s, attention %s, KV cache %s, CUDA graphs %s",
             self.device,

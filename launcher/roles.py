@@ -51,6 +51,8 @@ def engine_config(settings: Settings):  # type: ignore[no-untyped-def]
         kv_cache_memory=settings.kv_cache_bytes,
         kv_cache_fraction=settings.kv_cache_fraction,
         device=settings.device,
+        attention=settings.attention,
+        cuda_graphs=settings.cuda_graph_sizes(),
     )
 
 

@@ -159,6 +159,17 @@ class Settings(BaseSettings):
     kv_cache_fraction: float = Field(default=0.3, gt=0, le=0.95)
     enable_prefix_caching: bool = True
     device: str = Field(default="auto", description="auto, cpu or cuda.")
+    attention: Literal["auto", "flash-attn", "triton", "torch"] = Field(
+        default="auto",
+        description="Attention kernels. auto: on CUDA flash-attn if installed, else Triton's; on CPU "
+        "torch with the C++ kernels.",
+    )
+    cuda_graphs: str | None = Field(
+        default=None,
+        pattern=r"^\d+(,\d+)*$",
+        description="Decode batch sizes captured as CUDA graphs, e.g. '1,2,4,8' (TGI's name); '0': "
+        "none; unset: 1, 2, 4, 8, then every 16 up to max_batch_size.",
+    )
 
     # --- jobs -------------------------------------------------------------------------------
     result_ttl: int = Field(default=3600, ge=1, description="Seconds a finished job's keys live.")
@@ -295,6 +306,11 @@ class Settings(BaseSettings):
                                       "otlp_endpoint"),
         description="OTLP/HTTP collector base URL (e.g. http://127.0.0.1:4318): traces on; unset: off.",
     )
+
+    def cuda_graph_sizes(self) -> tuple[int, ...] | None:
+        if self.cuda_graphs is None:
+            return None
+        return tuple(n for n in (int(x) for x in self.cuda_graphs.split(",")) if n > 0)
 
     @model_validator(mode="after")
     def _check_limits(self) -> Settings:

@@ -28,6 +28,9 @@ from launcher.redis_server import EmbeddedRedis, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER = os.environ.get("CONVEYOR_TEST_REDIS") == "cluster"
+# The Triton attention kernels run on this CPU under Triton's interpreter (engine/attention/
+# triton_kernels.py); it is chosen when a kernel is defined, so before anything imports them.
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def new_redis_server(data_dir: Path) -> EmbeddedRedis | LocalCluster:

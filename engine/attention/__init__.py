@@ -49,6 +49,7 @@ class AttentionBatch:
 
 class AttentionBackend(Protocol):
     name: str
+    supports_graphs: bool  # its pure-decode forward can be captured in a CUDA graph
 
     def cache_shape(self) -> tuple[int, ...]:
         """Shape of one layer's K (and V) tensor, scratch block included."""
@@ -84,15 +85,33 @@ def flash_unavailable_reason(geometry: AttentionGeometry) -> str | None:
     return None
 
 
-def select_attention(geometry: AttentionGeometry) -> AttentionBackend:
-    """flash-attn with block tables on CUDA when it can run; plain torch attention otherwise."""
-    if geometry.device.type == "cuda":
-        reason = flash_unavailable_reason(geometry)
-        if reason is None:
-            from engine.attention.cuda import FlashAttention
+ATTENTION_CHOICES = ("auto", "flash-attn", "triton", "torch")
 
-            return FlashAttention(geometry)
-        logger.warning("using torch attention on CUDA, which is much slower: %s", reason)
+
+def select_attention(geometry: AttentionGeometry, choice: str = "auto") -> AttentionBackend:
+    """The backend `choice` names; `auto`: on CUDA flash-attn when it can run, else the Triton
+    kernels, else plain torch (with a warning); elsewhere plain torch (with the C++ kernels on CPU)."""
+    from engine.attention.triton_paged import triton_unavailable_reason
+
+    if choice not in ATTENTION_CHOICES:
+        raise ValueError(f"attention must be one of {', '.join(ATTENTION_CHOICES)}, got {choice!r}")
+    if choice == "auto" and geometry.device.type == "cuda":
+        flash, triton = flash_unavailable_reason(geometry), triton_unavailable_reason(geometry)
+        choice = "flash-attn" if flash is None else "triton" if triton is None else "torch"
+        if choice == "torch":
+            logger.warning("using torch attention on CUDA, which is much slower: %s; %s", flash, triton)
+    if choice == "flash-attn":
+        if (reason := flash_unavailable_reason(geometry)) is not None:
+            raise ValueError(f"attention flash-attn cannot run: {reason}; use --attention auto")
+        from engine.attention.flash import FlashAttention
+
+        return FlashAttention(geometry)
+    if choice == "triton":
+        if (reason := triton_unavailable_reason(geometry)) is not None:
+            raise ValueError(f"attention triton cannot run: {reason}; use --attention auto")
+        from engine.attention.triton_paged import TritonAttention
+
+        return TritonAttention(geometry)
     from engine.attention.torch_paged import TorchAttention
 
     return TorchAttention(geometry)

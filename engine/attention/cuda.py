@@ -1,20 +1,16 @@
-"""Attention on CUDA: flash-attn's paged-KV kernels, and CUDA graphs for pure-decode steps.
+"""What the CUDA attention backends share: the step's metadata on the device, the KV write, and
+CUDA graphs for pure-decode steps.
 
-flash_attn is imported when this backend is built, never when the module is imported, so CPU
-installs never need it. Cache layout per layer is flash-attn's: [num_blocks + 1, block_size,
-kv_heads, head_dim].
-
-Never run on a GPU. On CPU, tests/engine/test_model_runner.py checks how FlashAttention calls
-flash-attn against a plain-torch stand-in for flash-attn's documented API; the real kernels and
-DecodeGraphs (CUDA graphs) are not tested. Check them on a CUDA machine with flash-attn
-(`pip install 'conveyor[gpu]'`) before relying on them; without flash-attn, CUDA runs the torch
-backend (torch_paged.py).
+Both CUDA backends (flash.py: flash-attn's kernels; triton_paged.py: this project's Triton kernels)
+keep flash-attn's cache layout per layer, [num_blocks + 1, block_size, kv_heads, head_dim], so
+either can serve the same cache and copy-on-write is one index_copy.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -22,102 +18,59 @@ from engine.attention import AttentionBatch, AttentionGeometry
 
 
 @dataclass(slots=True)
-class FlashMeta:
+class CudaMeta:
     slots: torch.Tensor  # [T] long: cache slot of each new token
     context_lens: torch.Tensor  # [N] int32
-    block_table: torch.Tensor  # [N, width] int32
-    decode_only: bool  # one query per sequence: flash_attn_with_kvcache, graph-capturable
-    cu_q: torch.Tensor | None = None  # [N + 1] int32, varlen only
-    cu_k: torch.Tensor | None = None
-    max_q: int = 1
-    max_k: int = 0
+    block_table: torch.Tensor  # [N, width] int32, decode rows first
+    num_decode: int  # the first num_decode sequences have one query row each
+    prefill: Any = None  # the backend's own plan for the prefill chunks; None in a pure-decode step
+
+    @property
+    def decode_only(self) -> bool:
+        return self.num_decode == self.context_lens.shape[0]
 
 
-class FlashAttention:
-    name = "flash-attn"
-
-    def __init__(self, geometry: AttentionGeometry) -> None:
-        from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
-
-        self.g = geometry
-        self._varlen = flash_attn_varlen_func
-        self._with_kvcache = flash_attn_with_kvcache
-
-    def cache_shape(self) -> tuple[int, ...]:
-        g = self.g
-        return (g.num_blocks + 1, g.block_size, g.num_kv_heads, g.head_dim)
-
-    def prepare(self, batch: AttentionBatch) -> FlashMeta:
-        bs, device = self.g.block_size, self.g.device
-        used = [-(-ctx // bs) for ctx in batch.context_lens]
-        width = max(used)
-        rows = [t[:u] + [0] * (width - u) for t, u in zip(batch.block_tables, used, strict=True)]
-        meta = FlashMeta(
-            slots=batch.slots,
-            context_lens=torch.tensor(batch.context_lens, dtype=torch.int32, device=device),
-            block_table=torch.tensor(rows, dtype=torch.int32, device=device),
-            decode_only=batch.num_decode == len(batch.query_lens),
-        )
-        if not meta.decode_only:
-            meta.cu_q = _cumulative(batch.query_lens, device)
-            meta.cu_k = _cumulative(batch.context_lens, device)
-            meta.max_q, meta.max_k = max(batch.query_lens), max(batch.context_lens)
-        return meta
-
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: FlashMeta,
-        window: int | None,
-    ) -> torch.Tensor:
-        g = self.g
-        kv, hd = g.num_kv_heads, g.head_dim
-        k_cache.view(-1, kv, hd).index_copy_(0, meta.slots, k)
-        v_cache.view(-1, kv, hd).index_copy_(0, meta.slots, v)
-        # flash-attn's window counts keys left of the query: q_pos - k_pos <= window - 1.
-        window_size = (window - 1, 0) if window is not None else (-1, -1)
-        q = q.contiguous()
-        if meta.decode_only:
-            out = self._with_kvcache(
-                q.unsqueeze(1),
-                k_cache,
-                v_cache,
-                cache_seqlens=meta.context_lens,
-                block_table=meta.block_table,
-                softmax_scale=g.scale,
-                causal=True,
-                window_size=window_size,
-            )
-        else:
-            # Causal is aligned bottom-right: a chunk's rows see the cached context before them.
-            out = self._varlen(
-                q,
-                k_cache,
-                v_cache,
-                cu_seqlens_q=meta.cu_q,
-                cu_seqlens_k=meta.cu_k,
-                max_seqlen_q=meta.max_q,
-                max_seqlen_k=meta.max_k,
-                softmax_scale=g.scale,
-                causal=True,
-                window_size=window_size,
-                block_table=meta.block_table,
-            )
-        return out.reshape(q.shape[0], g.num_heads * hd)
+def cuda_layout(g: AttentionGeometry) -> tuple[int, ...]:
+    return (g.num_blocks + 1, g.block_size, g.num_kv_heads, g.head_dim)
 
 
-def _cumulative(lengths: list[int], device: torch.device) -> torch.Tensor:
+def prepare_meta(batch: AttentionBatch, g: AttentionGeometry) -> CudaMeta:
+    """The block tables cut to the blocks each sequence reads, padded with block 0 (never read)."""
+    used = [-(-ctx // g.block_size) for ctx in batch.context_lens]
+    width = max(used)
+    rows = [t[:u] + [0] * (width - u) for t, u in zip(batch.block_tables, used, strict=True)]
+    return CudaMeta(
+        slots=batch.slots,
+        context_lens=torch.tensor(batch.context_lens, dtype=torch.int32, device=g.device),
+        block_table=torch.tensor(rows, dtype=torch.int32, device=g.device),
+        num_decode=batch.num_decode,
+    )
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slots: torch.Tensor) -> None:  # fmt: skip
+    kv, hd = k.shape[1], k.shape[2]
+    k_cache.view(-1, kv, hd).index_copy_(0, slots, k)
+    v_cache.view(-1, kv, hd).index_copy_(0, slots, v)
+
+
+def cumulative(lengths: list[int], device: torch.device) -> torch.Tensor:
+    """[len + 1] int32 prefix sums: where each chunk's rows start."""
     sums = [0]
     for n in lengths:
         sums.append(sums[-1] + n)
     return torch.tensor(sums, dtype=torch.int32, device=device)
 
 
-Forward = Callable[[torch.Tensor, torch.Tensor, FlashMeta], torch.Tensor]
+Forward = Callable[[torch.Tensor, torch.Tensor, CudaMeta], torch.Tensor]
+
+
+def graph_sizes(max_batch: int, wanted: tuple[int, ...] | None) -> list[int]:
+    """Batch sizes to capture: `wanted` (TGI's --cuda-graphs) cut to max_batch, or by default
+    1, 2, 4, 8, then every 16 up to max_batch."""
+    if wanted is None:
+        wanted = (1, 2, 4, 8, *range(16, max_batch + 1, 16), max_batch)
+    return sorted({s for s in wanted if 0 < s <= max_batch})
 
 
 class DecodeGraphs:
@@ -127,14 +80,11 @@ class DecodeGraphs:
     the cache's scratch block only, so they never touch a sequence's KV.
     """
 
-    def __init__(
-        self, forward: Forward, geometry: AttentionGeometry, max_batch: int, max_context: int
-    ) -> None:
+    def __init__(self, forward: Forward, geometry: AttentionGeometry, sizes: list[int],
+                 max_context: int) -> None:  # fmt: skip
         g = geometry
         device = g.device
-        self.sizes = sorted(
-            {s for s in (1, 2, 4, 8, *range(16, max_batch + 1, 16)) if s <= max_batch} | {max_batch}
-        )
+        self.sizes = sizes
         top, width = self.sizes[-1], -(-max_context // g.block_size)
         self.scratch_block, self.scratch_slot = g.scratch_block, g.scratch_block * g.block_size
         self.ids = torch.zeros(top, dtype=torch.long, device=device)
@@ -146,11 +96,11 @@ class DecodeGraphs:
         self.outputs: dict[int, torch.Tensor] = {}
         pool = None
         for size in reversed(self.sizes):  # largest first: the smaller ones reuse its memory pool
-            meta = FlashMeta(
+            meta = CudaMeta(
                 slots=self.slots[:size],
                 context_lens=self.context_lens[:size],
                 block_table=self.block_table[:size],
-                decode_only=True,
+                num_decode=size,
             )
             forward(self.ids[:size], self.positions[:size], meta)  # warm-up: kernel choice, workspaces
             graph = torch.cuda.CUDAGraph()
@@ -160,7 +110,7 @@ class DecodeGraphs:
             self.graphs[size] = graph
         torch.cuda.synchronize(device)
 
-    def run(self, ids: torch.Tensor, positions: torch.Tensor, meta: FlashMeta) -> torch.Tensor | None:
+    def run(self, ids: torch.Tensor, positions: torch.Tensor, meta: CudaMeta) -> torch.Tensor | None:
         """Hidden states [n, hidden], or None when no captured graph fits this batch."""
         n = ids.shape[0]
         size = next((s for s in self.sizes if s >= n), None)

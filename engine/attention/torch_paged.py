@@ -4,7 +4,7 @@ Cache layout per layer: V is [num_blocks + 1, kv_heads, block_size, head_dim]; K
 but holds each (block, head) transposed, [head_dim, block_size]. A block is one contiguous piece
 (12 KiB for SmolLM2 at block_size 16) and within it each head is contiguous, so reading one
 sequence's blocks in order streams memory front to back (see paged_decode.cpp for why that matters
-on CPU, and why K is transposed). The CUDA backend keeps flash-attn's own layout.
+on CPU, and why K is transposed). The CUDA backends keep flash-attn's own layout (cuda.py).
 
 Decode rows (one query each) go through SDPA a group at a time, a group being rows that read the
 same number of blocks: each row's queries become [kv_heads, heads // kv_heads, head_dim], a short
@@ -86,6 +86,7 @@ class TorchMeta:
 
 class TorchAttention:
     name = "torch"
+    supports_graphs = False
 
     def __init__(self, geometry: AttentionGeometry) -> None:
         self.g = geometry

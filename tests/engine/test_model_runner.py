@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import random
-import sys
-import types
 
 import pytest
 import torch
-import torch.nn.functional as F
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
@@ -238,48 +235,27 @@ def test_unsupported_model_type_is_rejected() -> None:
         _runner(hf)
 
 
-def _fake_flash_attn() -> types.ModuleType:
-    """flash-attn's paged API as documented (causal aligned bottom-right, window counted left of the
-    query), in plain torch: checks how the CUDA backend calls it, without a GPU."""
-
-    def attend(q, k_cache, v_cache, table, n_k, scale, window):  # q: [n_q, heads, hd]
-        keys = k_cache[table].flatten(0, 1)[:n_k].transpose(0, 1)
-        values = v_cache[table].flatten(0, 1)[:n_k].transpose(0, 1)
-        qpos = torch.arange(n_k - q.shape[0], n_k)[:, None]
-        kpos = torch.arange(n_k)[None, :]
-        mask = (kpos <= qpos) & ((kpos >= qpos - window[0]) if window[0] >= 0 else True)
-        out = F.scaled_dot_product_attention(
-            q.transpose(0, 1), keys, values, attn_mask=mask, scale=scale, enable_gqa=True
-        )
-        return out.transpose(0, 1)
-
-    def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-               window_size, block_table):  # fmt: skip
-        cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
-        rows = [
-            (slice(cu_q[i], cu_q[i + 1]), block_table[i], cu_k[i + 1] - cu_k[i]) for i in range(len(cu_q) - 1)
-        ]
-        return torch.cat([attend(q[s], k, v, t, n, softmax_scale, window_size) for s, t, n in rows])
-
-    def with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, causal, window_size):
-        rows = [(q[i], block_table[i], int(n)) for i, n in enumerate(cache_seqlens)]
-        return torch.stack(
-            [attend(x, k_cache, v_cache, t, n, softmax_scale, window_size) for x, t, n in rows]
-        )
-
-    module = types.ModuleType("flash_attn")
-    module.flash_attn_varlen_func = varlen  # type: ignore[attr-defined]
-    module.flash_attn_with_kvcache = with_kvcache  # type: ignore[attr-defined]
-    return module
+@pytest.mark.parametrize(
+    ("cls", "config_cls", "extra"),
+    [(LlamaForCausalLM, LlamaConfig, {}), (MistralForCausalLM, MistralConfig, {"sliding_window": 6})],
+)
+def test_triton_backend_matches_transformers(cls: type, config_cls: type, extra: dict) -> None:
+    """The CUDA default backend, its kernels under Triton's CPU interpreter (tests/conftest.py)."""
+    pytest.importorskip("triton")
+    hf = _model(cls, config_cls, **extra)
+    runner = ModelRunner(hf, EngineConfig(block_size=4, num_blocks=512, device="cpu", attention="triton"))
+    assert runner.attention.name == "triton" and runner.graphs is None  # graphs: CUDA only
+    _drive(runner, hf, [(13, 5, 0, 5), (3, 64, 0, 8), (1, 64, 2, 3), (40, 40, 1, 4)])
 
 
-def test_cuda_backend_calls_flash_attn_as_documented(monkeypatch: pytest.MonkeyPatch) -> None:
-    from engine import model_runner
-    from engine.attention.cuda import FlashAttention
-
-    monkeypatch.setitem(sys.modules, "flash_attn", _fake_flash_attn())
-    monkeypatch.setattr(model_runner, "select_attention", FlashAttention)
-    hf = _model(MistralForCausalLM, MistralConfig, sliding_window=6)
-    runner = _runner(hf)
-    assert runner.attention.name == "flash-attn" and runner.graphs is None  # graphs: CUDA only
-    _drive(runner, hf, [(13, 5, 0, 5), (3, 64, 0, 8), (1, 64, 2, 3)])
+def test_attention_choice_that_cannot_run_names_the_reason(
+    llama: LlamaForCausalLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="triton cannot run: .*CUDA device.*--attention auto"):
+        ModelRunner(llama, EngineConfig(num_blocks=8, device="cpu", attention="triton"))
+    with pytest.raises(ValueError, match="flash-attn cannot run: not a CUDA device"):
+        ModelRunner(llama, EngineConfig(num_blocks=8, device="cpu", attention="flash-attn"))
+    with pytest.raises(ValueError, match="attention must be one of auto, flash-attn, triton, torch"):
+        ModelRunner(llama, EngineConfig(num_blocks=8, device="cpu", attention="sdpa"))
+    assert ModelRunner(llama, EngineConfig(num_blocks=8, device="cpu")).attention.name == "torch"
