@@ -68,7 +68,7 @@ def _prompt(n: int, rng: random.Random) -> list[int]:
 
 @torch.no_grad()
 def _reference(hf: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
-    return hf(torch.tensor([tokens])).logits[0, -1].float()
+    return hf(torch.tensor([tokens], device=hf.device)).logits[0, -1].float()
 
 
 def _drive(
