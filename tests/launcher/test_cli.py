@@ -37,3 +37,17 @@ def test_bench_help_explains_itself(capsys: pytest.CaptureFixture) -> None:
     for words in ("--base-url", "--backend", "--sweep-rates", "--slo", "--plot-dir", "vllm bench serve",
                   "pip install 'conveyor[bench]'", "ttft=2s,tpot=200ms", "--max-concurrency", "--jobs-mode"):
         assert words in text
+
+
+def test_attention_flags_reach_the_engine_config() -> None:
+    from launcher.cli import settings_from
+    from launcher.roles import engine_config
+
+    args = build_parser().parse_args(["worker", "--attention", "triton", "--cuda-graphs", "1,2,8"])
+    config = engine_config(settings_from(args))
+    assert (config.attention, config.cuda_graphs) == ("triton", (1, 2, 8))
+    assert engine_config(Settings(cuda_graphs="0")).cuda_graphs == ()
+    assert engine_config(Settings()).cuda_graphs is None
+    for bad in (["--attention", "sdpa"], ["--cuda-graphs", "1,x"]):
+        with pytest.raises(SystemExit, match="invalid settings: --(attention|cuda-graphs)"):
+            settings_from(build_parser().parse_args(["worker", *bad]))
