@@ -75,6 +75,11 @@ def run_part(results: dict[str, Any], name: str, fn: Any, out_dir: Path) -> Any:
     return results[name]
 
 
+def skip(results: dict[str, Any], part: str, why: str) -> None:
+    results[part] = {"skipped": why}
+    results["skipped"][part] = why
+
+
 def cuda_tests(timeout_s: int) -> dict[str, Any]:
     """The lead's CUDA attention tests, if the file exists. --noconftest: tests/conftest.py needs
     the Redis test servers and sets TRITON_INTERPRET=1, neither of which belongs on a GPU."""
@@ -138,11 +143,11 @@ def main(argv: list[str] | None = None) -> int:
         speed(args, results, "cuda" if cuda else "cpu")
     else:
         for part in ("ceilings", "model_8b", "decode", "prefill"):
-            results["skipped"][part] = results[part] = {"skipped": "no CUDA device: speed needs a GPU"}
+            skip(results, part, "no CUDA device: decode and prefill speed need a GPU")
     if cuda:
         run_part(results, "cuda_tests", lambda: cuda_tests(args.test_timeout), args.out)
     else:
-        results["skipped"]["cuda_tests"] = results["cuda_tests"] = {"skipped": "no CUDA device"}
+        skip(results, "cuda_tests", "no CUDA device")
     write(results, args.out)
     print(table(results), flush=True)
     failed = [

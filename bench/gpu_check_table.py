@@ -21,7 +21,8 @@ def _pct(x: float) -> str:
 def _same(check: dict[str, Any]) -> str:
     if "skipped" in check:
         return f"skipped: {check['skipped']}"
-    return "equal" if check["equal"] else f"DIFFER for prompts {check['prompts_differing']}"
+    diff = f" (max abs logit diff {check['max_abs_logit_diff']:.3g})"
+    return ("equal" if check["equal"] else f"DIFFER for prompts {check['prompts_differing']}") + diff
 
 
 def _vs_hf(h: dict[str, Any]) -> str:
