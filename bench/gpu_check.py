@@ -119,7 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     cuda = torch.cuda.is_available()
-    if not cuda:  # the kernels are defined when first imported: set it before any engine import
+    # Triton reads TRITON_INTERPRET when a kernel is defined, so before any engine import: the
+    # interpreter on CPU, never on a GPU (where an inherited TRITON_INTERPRET=1 would time numpy).
+    if cuda:
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     from bench import gpu_correctness
 
@@ -128,7 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     log(f"versions: {results['versions']}")
     missing = [n for n in NEEDS if results["versions"][n] is None]
     if missing:
-        results["error"] = f"missing packages {missing}: carry them as wheels (see .library device README)"
+        results["error"] = (
+            f"missing packages {missing}: install them (or bring them as wheels where pip cannot reach)"
+        )
+    write(results, args.out)  # something to read even if the time bound cuts the first part short
     if args.tiny:
         shape = gpu_correctness.SmallShape(
             hidden=64, layers=2, heads=4, kv_heads=2, vocab=256, prompts=3, new_tokens=4, max_prompt_len=20
