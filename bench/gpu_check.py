@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+import logging
 import os
 import platform
 import subprocess
@@ -129,7 +130,10 @@ def main(argv: list[str] | None = None) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"versions": versions(), "argv": sys.argv[1:], "skipped": {}}
-    log(f"versions: {results['versions']}")
+    # The engine's own INFO lines (the runner's device, attention backend, KV cache, CUDA graphs).
+    logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s", stream=sys.stdout)
+    log("needs torch (a CUDA build for the speed parts), triton, transformers >= 4.57, numpy")
+    log(f"found {results['versions']}")
     missing = [n for n in NEEDS if results["versions"][n] is None]
     if missing:
         results["error"] = (
