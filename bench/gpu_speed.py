@@ -6,8 +6,9 @@ Llama-3-8B-shaped model with random bf16 weights, against those ceilings. CUDA o
 - Decode: every sequence holds `context` tokens (block tables filled directly, the cache filled
   with small random values: no prefill needed, the KV content does not change the speed); one
   step re-runs the token at position `context`, so every step reads the same context. Bytes per
-  step = weights + KV bytes per token x (context + 1) x batch; the roofline step time is that over
-  the measured bandwidth. CUDA graphs on, and off (runner.graphs = None) in the same runner.
+  step = weights (every parameter, the embedding table included, as issue #18 counts them: 16.06
+  GB) + KV bytes per token x (context + 1) x batch; the roofline step time is that over the
+  measured bandwidth. A step is the engine's whole `execute` (metadata, forward, lm_head). CUDA graphs on, and off (runner.graphs = None) in the same runner.
 - Prefill: `prompts` x `prompt_len` tokens in one execute. FLOPs = 2 x linear weights x tokens
   + 2 x vocab x hidden x rows that sample (the lm_head runs for the last row of each prompt only)
   + attention 4 x layers x heads x head_dim x sum over rows of the keys each row sees (causal:
