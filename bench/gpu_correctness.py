@@ -236,8 +236,10 @@ def fp32_truth(hf: Any, prompts: list[list[int]], ref: list[Greedy]) -> tuple[li
     return truth, noise
 
 
-def run(shape: SmallShape, device: torch.device, backends: list[str], log: Any) -> dict[str, Any]:
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+def run(shape: SmallShape, device: torch.device, backends: list[str], log: Any,
+        dtype: torch.dtype | None = None) -> dict[str, Any]:  # fmt: skip
+    """Part (a); dtype: bf16 on CUDA, fp32 on CPU unless given."""
+    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     hf = small_llama(shape, device, dtype)
     prompts = make_prompts(shape)
     log(
