@@ -1,5 +1,5 @@
 """bench/gpu_check.py's parts (b) and (c): the device's ceilings, then decode and prefill of a
-Llama-3-8B-shaped model with random bf16 weights, against those ceilings. CUDA only.
+Llama-3-8B-shaped model with random bf16 weights, against those ceilings. On CUDA (on CPU only as --smoke-speed, the tests).
 
 - Ceilings, measured here: memory bandwidth from a device-to-device copy (bytes read + written),
   bf16 matmul peak from an n x n x n product.
@@ -8,7 +8,8 @@ Llama-3-8B-shaped model with random bf16 weights, against those ceilings. CUDA o
   step re-runs the token at position `context`, so every step reads the same context. Bytes per
   step = weights (every parameter, the embedding table included, as issue #18 counts them: 16.06
   GB) + KV bytes per token x (context + 1) x batch; the roofline step time is that over the
-  measured bandwidth. A step is the engine's whole `execute` (metadata, forward, lm_head). CUDA graphs on, and off (runner.graphs = None) in the same runner.
+  measured bandwidth. A step is the engine's whole `execute` (metadata, forward, lm_head). CUDA
+  graphs on, and off (runner.graphs = None) in the same runner.
 - Prefill: `prompts` x `prompt_len` tokens in one execute. FLOPs = 2 x linear weights x tokens
   + 2 x vocab x hidden x rows that sample (the lm_head runs for the last row of each prompt only)
   + attention 4 x layers x heads x head_dim x sum over rows of the keys each row sees (causal:
