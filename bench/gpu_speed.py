@@ -1,5 +1,6 @@
 """bench/gpu_check.py's parts (b) and (c): the device's ceilings, then decode and prefill of a
-Llama-3-8B-shaped model with random bf16 weights, against those ceilings. On CUDA (on CPU only as --smoke-speed, the tests).
+Llama-3-8B-shaped model with random bf16 weights, against those ceilings. On CUDA; on CPU only
+as --smoke-speed (a tiny model, for the tests).
 
 - Ceilings, measured here: memory bandwidth from a device-to-device copy (bytes read + written),
   bf16 matmul peak from an n x n x n product.
