@@ -22,15 +22,18 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 
 from launcher.redis_cluster import LocalCluster
 from launcher.redis_server import EmbeddedRedis, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER = os.environ.get("CONVEYOR_TEST_REDIS") == "cluster"
-# The Triton attention kernels run on this CPU under Triton's interpreter (engine/attention/
-# triton_kernels.py); it is chosen when a kernel is defined, so before anything imports them.
-os.environ.setdefault("TRITON_INTERPRET", "1")
+# Without a GPU the Triton attention kernels (engine/attention/triton_kernels.py) run under
+# Triton's CPU interpreter; it is chosen when a kernel is defined, so before anything imports them.
+# With one they run compiled (tests/engine/test_attention_cuda.py).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def new_redis_server(data_dir: Path) -> EmbeddedRedis | LocalCluster:
