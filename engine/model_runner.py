@@ -18,6 +18,7 @@ from torch import nn
 from engine.attention import AttentionBatch, AttentionGeometry, select_attention
 from engine.batch import ScheduledChunk
 from engine.config import EngineConfig
+from engine import malloc_tuning
 from engine.kv_cache import KVCache, bytes_per_block, plan_num_blocks
 from engine.model.llama import Llama
 from engine.prompt_logprobs import SLICE_ROWS, score, scored_positions
@@ -53,6 +54,8 @@ class ModelRunner:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.block_size = config.block_size
+        if self.device.type == "cpu":  # before the weights and the cache are allocated
+            malloc_tuning.retain_freed_memory()
         if self.block_size < 1:
             raise ValueError(f"block_size must be positive, got {self.block_size}")
         with torch.no_grad():
