@@ -15,10 +15,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from engine import malloc_tuning
 from engine.attention import AttentionBatch, AttentionGeometry, select_attention
 from engine.batch import ScheduledChunk
 from engine.config import EngineConfig
-from engine import malloc_tuning
 from engine.kv_cache import KVCache, bytes_per_block, plan_num_blocks
 from engine.model.llama import Llama
 from engine.prompt_logprobs import SLICE_ROWS, score, scored_positions
