@@ -78,7 +78,7 @@ def flash_unavailable_reason(geometry: AttentionGeometry) -> str | None:
     if geometry.device.type != "cuda":
         return "not a CUDA device"
     if importlib.util.find_spec("flash_attn") is None:
-        return "flash-attn is not installed (pip install 'conveyor[gpu]')"
+        return "flash-attn is not installed (pip install 'conveyor[flash-attn]', which compiles it)"
     # Upstream flash-attn 2 rejects paged KV blocks that are not a multiple of 256 tokens.
     if geometry.block_size % 256:
         return f"flash-attn paged KV needs block_size to be a multiple of 256, got {geometry.block_size}"
