@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from bench.runner_micro import _sequences as runner_micro_sequences
 from engine.batch import ScheduledChunk
 from engine.config import EngineConfig
 from engine.model_runner import ModelRunner
@@ -162,17 +163,12 @@ def build_8b(
     return runner, info
 
 
-def _sequences(runner: ModelRunner, n: int, length: int, vocab: int, seed: int) -> list[Sequence]:
+def _sequences(runner: ModelRunner, n: int, length: int, seed: int) -> list[Sequence]:
+    """n sequences of random tokens on block tables drawn from the shuffled cache."""
     rng = random.Random(seed)
-    per_seq = -(-length // runner.block_size)
     free = list(range(runner.num_blocks))
     rng.shuffle(free)
-    seqs = []
-    for i in range(n):
-        s = Sequence(f"s{i}", [rng.randrange(vocab) for _ in range(length)])
-        s.block_table = [free.pop() for _ in range(per_seq)]
-        seqs.append(s)
-    return seqs
+    return runner_micro_sequences(runner, n, length, rng, free)
 
 
 def decode(
@@ -188,7 +184,7 @@ def decode(
     rows = []
     graphs = runner.graphs
     for batch in batches:
-        seqs = _sequences(runner, batch, context + 1, runner.vocab_size, seed=batch)
+        seqs = _sequences(runner, batch, context + 1, seed=batch)
         chunks = [ScheduledChunk(s, context, 1) for s in seqs]
         step = functools.partial(runner.execute, chunks)
         kv_bytes = info["kv_bytes_per_token"] * (context + 1) * batch
@@ -243,7 +239,7 @@ def prefill(
     reps: int,
     log: Callable[[str], None],
 ) -> dict[str, Any]:
-    seqs = _sequences(runner, prompts, length, runner.vocab_size, seed=1)
+    seqs = _sequences(runner, prompts, length, seed=1)
     chunks = [ScheduledChunk(s, 0, length) for s in seqs]
     s = timed(lambda: runner.execute(chunks), reps=reps, warmup=2)
     flops = prefill_flops(info, runner.model, prompts, length)

@@ -8,6 +8,7 @@ either can serve the same cache and copy-on-write is one index_copy.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -56,10 +57,7 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
 def cumulative(lengths: list[int], device: torch.device) -> torch.Tensor:
     """[len + 1] int32 prefix sums: where each chunk's rows start."""
-    sums = [0]
-    for n in lengths:
-        sums.append(sums[-1] + n)
-    return torch.tensor(sums, dtype=torch.int32, device=device)
+    return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
 
 
 Forward = Callable[[torch.Tensor, torch.Tensor, CudaMeta], torch.Tensor]
