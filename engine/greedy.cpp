@@ -7,8 +7,11 @@
 // rows of the batch (what the sampler promises). A row holding a NaN gives its first NaN's index
 // and a NaN logprob, as torch.argmax and log_softmax would.
 
+// Only the torch headers used here: <torch/extension.h> takes ~30 s to parse per file.
+#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
+#include <ATen/ops/empty.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <cmath>
 #include <limits>
@@ -69,13 +72,13 @@ float sum_exp(const float* x, int64_t n, float m) {
 
 }  // namespace
 
-std::tuple<torch::Tensor, torch::Tensor> greedy(const torch::Tensor& logits) {
-  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == torch::kFloat && logits.device().is_cpu(),
+std::tuple<at::Tensor, at::Tensor> greedy(const at::Tensor& logits) {
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.device().is_cpu(),
               "greedy takes [rows, vocab] float32 logits on CPU");
   auto x = logits.contiguous();
   const int64_t rows = x.size(0), vocab = x.size(1);
-  auto index = torch::empty({rows}, torch::kLong);
-  auto logprob = torch::empty({rows}, torch::kFloat);
+  auto index = at::empty({rows}, at::kLong);
+  auto logprob = at::empty({rows}, at::kFloat);
   const float* data = x.data_ptr<float>();
   int64_t* index_out = index.data_ptr<int64_t>();
   float* logprob_out = logprob.data_ptr<float>();

@@ -77,7 +77,7 @@ def load() -> ModuleType | None:
     build = _build_dir()
     fresh = not any(build.glob("*.so"))
     if fresh:
-        logger.info("compiling the CPU attention kernel (one time, ~1 min) into %s", build)
+        logger.info("compiling the CPU attention kernel (one time, ~15 s) into %s", build)
     t0 = time.perf_counter()
     try:
         module = native_build.load("conveyor_paged_decode", [_SOURCE, _PREFILL], build,

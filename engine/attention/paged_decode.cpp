@@ -20,8 +20,11 @@
 // loaded once for all of them.
 // Partition bounds and the reduction order depend only on the row's own context, never on the batch
 // or the thread count, so results are bitwise batch-invariant.
-#include <torch/extension.h>
+// Only the torch headers used here: <torch/extension.h> takes ~30 s to parse per file.
+#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty_like.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
 #include <atomic>
@@ -297,8 +300,8 @@ void reduce_row(const float* part_out, const float* part_max, const float* part_
 // q [rows, heads, D]; caches [blocks, kv, bs, D] (K's last two dims hold [D, bs]); tables [rows, width] int32; context [rows] int32.
 // Row r attends to positions [max(0, ctx - window), ctx) (window < 0: no window), in partitions of
 // `partition` tokens.
-torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor tables,
-                           torch::Tensor context, double scale, int64_t window, int64_t partition) {
+at::Tensor paged_decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor tables,
+                           at::Tensor context, double scale, int64_t window, int64_t partition) {
   TORCH_CHECK(q.dim() == 3 && q.is_contiguous() && q.scalar_type() == at::kFloat, "q: contiguous fp32 [rows, heads, D]");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.scalar_type() == at::kFloat &&
                   v_cache.scalar_type() == at::kFloat && k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(),
@@ -310,7 +313,7 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
   const int64_t KV = k_cache.size(1), bs = k_cache.size(2), nblocks = k_cache.size(0);
   TORCH_CHECK(k_cache.size(3) == D && H % KV == 0 && tables.size(0) == rows && context.numel() == rows, "shape mismatch");
   const int64_t G = H / KV, width = tables.size(1), head_stride = bs * D, block_stride = KV * bs * D;
-  auto out = torch::empty_like(q);
+  auto out = at::empty_like(q);
   const float* qp = q.data_ptr<float>();
   const float* kp = k_cache.data_ptr<float>();
   const float* vp = v_cache.data_ptr<float>();

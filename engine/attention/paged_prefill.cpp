@@ -16,8 +16,10 @@
 // and the same operation order in every group; extra terms from a partner's wider range are
 // fma(0, v, acc) = acc. So a row's output is the same alone or in any batch, any chunking of its
 // prompt, any tile boundary and any thread count.
-#include <torch/extension.h>
+// Only the torch headers used here: <torch/extension.h> takes ~30 s to parse per file.
+#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <atomic>
@@ -285,8 +287,8 @@ struct Task {
 // [chunks, width] int32; starts, lens [chunks] int32 (chunk c's rows are positions
 // start .. start + len - 1, its context start + len, every key already written to the cache).
 // A row at position p attends to keys (max(0, p - window), p] (window < 0: no window).
-void paged_prefill(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor tables,
-                   torch::Tensor starts, torch::Tensor lens, double scale, int64_t window, torch::Tensor out) {
+void paged_prefill(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor tables,
+                   at::Tensor starts, at::Tensor lens, double scale, int64_t window, at::Tensor out) {
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.stride(2) == 1 && q.stride(1) == q.size(2),
               "q: fp32 [rows, heads, D], each row's heads contiguous");
   TORCH_CHECK(out.is_contiguous() && out.scalar_type() == at::kFloat && out.sizes() == q.sizes(),

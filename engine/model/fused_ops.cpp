@@ -16,8 +16,10 @@
 // depends on the batch around it. AVX-512 where the compiler has it (-march=native), AVX2 else,
 // plain C++ on other CPUs.
 
+// Only the torch headers used here: <torch/extension.h> takes ~30 s to parse per file.
+#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
 #include <cmath>
@@ -66,8 +68,8 @@ inline vec silu(vec x) { return x / (1.0f + std::exp(-x)); }
 // smaller than the cost of waking the other thread.
 int64_t grain(int64_t row_elems) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, row_elems)); }
 
-void check_rows(const torch::Tensor& t, const char* name) {
-  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == torch::kFloat && t.dim() == 2 && t.stride(1) == 1,
+void check_rows(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.dim() == 2 && t.stride(1) == 1,
               name, " must be a float32 CPU matrix with contiguous rows");
 }
 
@@ -100,7 +102,7 @@ void rope_head(const float* x, const float* c, const float* s, float* o, int64_t
 
 }  // namespace
 
-void silu_and_mul(const torch::Tensor& gate_up, torch::Tensor& out) {
+void silu_and_mul(const at::Tensor& gate_up, at::Tensor& out) {
   check_rows(gate_up, "gate_up");
   check_rows(out, "out");
   const int64_t rows = gate_up.size(0), n = out.size(1);
@@ -116,12 +118,12 @@ void silu_and_mul(const torch::Tensor& gate_up, torch::Tensor& out) {
   });
 }
 
-void rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, int64_t heads,
-          torch::Tensor& out) {
+void rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t heads,
+          at::Tensor& out) {
   check_rows(x, "x");
   check_rows(cos, "cos");
   check_rows(sin, "sin");
-  TORCH_CHECK(out.device().is_cpu() && out.scalar_type() == torch::kFloat && out.is_contiguous(),
+  TORCH_CHECK(out.device().is_cpu() && out.scalar_type() == at::kFloat && out.is_contiguous(),
               "out must be a contiguous float32 CPU tensor");
   const int64_t rows = x.size(0), hd = cos.size(1), half = hd / 2;
   TORCH_CHECK(hd % 2 == 0 && heads > 0 && x.size(1) >= heads * hd, "x must hold heads * head_dim columns");

@@ -42,7 +42,7 @@ def load() -> ModuleType | None:
         return None
     build = cpu_kernel.build_dir("fused_ops", [_SOURCE])
     if not any(build.glob("*.so")):
-        logger.info("compiling the model's fused ops (one time, ~30 s) into %s", build)
+        logger.info("compiling the model's fused ops (one time, ~15 s) into %s", build)
     try:
         # No FMA contraction beyond the explicit ones: rope rounds as torch's mul_ + addcmul.
         return native_build.load("conveyor_fused_ops", [_SOURCE], build,
