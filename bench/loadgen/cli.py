@@ -10,8 +10,8 @@ own CPU per request; a table, JSON (--result-json) and PNG plots (--plot-dir).
     conveyor bench --workload jsonl --dataset-path p.jsonl  # {"prompt"|"messages": ...} a line
 
 Random prompts are made as `vllm bench serve --dataset-name random` makes them (same seed, exact
-token length), so figures are comparable with that client's. Plots need matplotlib: the `bench`
-extra (pip install 'conveyor[bench]').
+token length), so figures are comparable with that client's. It needs the `bench` extra (pip
+install 'conveyor[bench]': aiohttp for the client, matplotlib for the plots).
 """
 
 from __future__ import annotations
@@ -25,11 +25,9 @@ from typing import Any
 
 from bench.loadgen import plots
 from bench.loadgen.arrival import KINDS, parse_rate
-from bench.loadgen.client_jobs import MODES
 from bench.loadgen.metrics import parse_slo
-from bench.loadgen.options import Options
+from bench.loadgen.options import BACKENDS, JOBS_MODES, Options, RunConfig
 from bench.loadgen.report import table, write_json
-from bench.loadgen.run import BACKENDS, RunConfig, run
 from bench.loadgen.workloads import HFTokenizer, Request, jsonl_workload, random_workload
 
 WORKLOADS = ("random", "shared-prefix", "jsonl")
@@ -42,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--backend", choices=BACKENDS, default="completions",
                    help="completions: /v1/completions; chat: /v1/chat/completions; tgi: /generate_stream; "
                         "jobs: Conveyor's /v1/jobs [default: %(default)s]")
-    t.add_argument("--jobs-mode", choices=MODES, default="stream",
+    t.add_argument("--jobs-mode", choices=JOBS_MODES, default="stream",
                    help="jobs: follow /events, poll GET /v1/jobs/{id}, or wait for a webhook to a local "
                         "receiver (the server needs --webhook-allow 127.0.0.0/8 and a webhook secret) "
                         "[default: %(default)s]")
@@ -125,6 +123,11 @@ def _sweep(args: argparse.Namespace, base: RunConfig) -> tuple[list[RunConfig], 
 
 
 def main(args: argparse.Namespace) -> int:
+    try:
+        from bench.loadgen.run import run
+    except ImportError as exc:  # aiohttp: the bench extra
+        raise SystemExit(f"conveyor bench: {exc.msg}; install the bench extra: "
+                         "pip install 'conveyor[bench]'") from None
     try:
         slo = parse_slo(args.slo)
         requests = workload(args)

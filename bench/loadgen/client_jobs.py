@@ -10,16 +10,15 @@ import asyncio
 import json
 from typing import Any
 
-import httpx
+import aiohttp
 
 from bench.loadgen import client_openai
 from bench.loadgen.options import Options
 from bench.loadgen.receiver import Receiver
 from bench.loadgen.record import Record
-from bench.loadgen.sse import check_status, events
+from bench.loadgen.sse import events, refusal
 from bench.loadgen.workloads import Request
 
-MODES = ("stream", "poll", "webhook")
 ENDED = {"succeeded", "failed", "cancelled", "expired"}
 
 
@@ -46,13 +45,13 @@ def _ended_badly(result: dict[str, Any] | None, rec: Record) -> bool:
     return False
 
 
-async def send(client: httpx.AsyncClient, req: Request, opts: Options, rec: Record,
+async def send(client: aiohttp.ClientSession, req: Request, opts: Options, rec: Record,
                receiver: Receiver | None = None) -> None:
     rec.start()
-    r = await client.post(opts.base_url + "/v1/jobs", json=body(req, opts), headers=opts.headers)
-    if r.status_code != 202:
-        return rec.fail(f"http_{r.status_code}", r.text)
-    job = r.json()
+    async with client.post(opts.base_url + "/v1/jobs", json=body(req, opts), headers=opts.headers) as r:
+        if r.status != 202:
+            return rec.fail(f"http_{r.status}", await r.text())
+        job = await r.json()
     if opts.jobs_mode == "stream":
         return await _stream(client, opts, job["urls"]["events"], rec)
     if opts.jobs_mode == "poll":
@@ -66,11 +65,11 @@ async def send(client: httpx.AsyncClient, req: Request, opts: Options, rec: Reco
         rec.e2e = rec.webhook_latency
 
 
-async def _stream(client: httpx.AsyncClient, opts: Options, path: str, rec: Record) -> None:
+async def _stream(client: aiohttp.ClientSession, opts: Options, path: str, rec: Record) -> None:
     tokens = 0
-    async with client.stream("GET", opts.base_url + path, headers=opts.headers) as r:
-        if (kind := await check_status(r)) is not None:
-            return rec.fail(kind, r.text)
+    async with client.get(opts.base_url + path, headers=opts.headers) as r:
+        if (refused := await refusal(r)) is not None:
+            return rec.fail(*refused)
         async for event, data in events(r):
             if event == "error":
                 return rec.fail("stream_error", data)
@@ -85,12 +84,12 @@ async def _stream(client: httpx.AsyncClient, opts: Options, path: str, rec: Reco
     rec.fail("stream_error", "the event stream ended without its final event")
 
 
-async def _poll(client: httpx.AsyncClient, opts: Options, path: str, rec: Record) -> None:
+async def _poll(client: aiohttp.ClientSession, opts: Options, path: str, rec: Record) -> None:
     while True:
-        r = await client.get(opts.base_url + path, headers=opts.headers)
-        if r.status_code != 200:
-            return rec.fail(f"http_{r.status_code}", r.text)
-        job = r.json()
+        async with client.get(opts.base_url + path, headers=opts.headers) as r:
+            if r.status != 200:
+                return rec.fail(f"http_{r.status}", await r.text())
+            job = await r.json()
         if job.get("status") in ENDED:
             if not _ended_badly(job.get("result"), rec):
                 rec.finish(_usage(job.get("result"), rec))

@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import httpx
+import aiohttp
 
 from bench.loadgen.options import Options
 from bench.loadgen.record import Record
-from bench.loadgen.sse import check_status, events
+from bench.loadgen.sse import events, refusal
 from bench.loadgen.workloads import Request
 
 
@@ -33,15 +33,15 @@ def _text(choice: dict[str, Any], chat: bool) -> str:
     return choice.get("text") or ""
 
 
-async def send(client: httpx.AsyncClient, req: Request, opts: Options, rec: Record,
+async def send(client: aiohttp.ClientSession, req: Request, opts: Options, rec: Record,
                chat: bool = False) -> None:
     path = "/v1/chat/completions" if chat else "/v1/completions"
     chunks = 0
     rec.start()
     request = body(req, opts, chat)
-    async with client.stream("POST", opts.base_url + path, json=request, headers=opts.headers) as r:
-        if (kind := await check_status(r)) is not None:
-            return rec.fail(kind, r.text)
+    async with client.post(opts.base_url + path, json=request, headers=opts.headers) as r:
+        if (refused := await refusal(r)) is not None:
+            return rec.fail(*refused)
         async for event, data in events(r):
             if data.strip() == "[DONE]":
                 break

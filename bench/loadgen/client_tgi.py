@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import httpx
+import aiohttp
 
 from bench.loadgen.options import Options
 from bench.loadgen.record import Record
-from bench.loadgen.sse import check_status, events
+from bench.loadgen.sse import events, refusal
 from bench.loadgen.workloads import Request
 
 
@@ -23,13 +23,13 @@ def body(req: Request, opts: Options) -> dict[str, Any]:
     return {"inputs": prompt, "parameters": params}
 
 
-async def send(client: httpx.AsyncClient, req: Request, opts: Options, rec: Record) -> None:
+async def send(client: aiohttp.ClientSession, req: Request, opts: Options, rec: Record) -> None:
     tokens = 0
     rec.start()
-    async with client.stream("POST", opts.base_url + "/generate_stream", json=body(req, opts),
-                             headers=opts.headers) as r:
-        if (kind := await check_status(r)) is not None:
-            return rec.fail(kind, r.text)
+    async with client.post(opts.base_url + "/generate_stream", json=body(req, opts),
+                           headers=opts.headers) as r:
+        if (refused := await refusal(r)) is not None:
+            return rec.fail(*refused)
         async for _event, data in events(r):
             payload = json.loads(data)
             if "error" in payload:

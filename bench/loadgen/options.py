@@ -1,8 +1,12 @@
-"""What every client sends besides the prompt."""
+"""What every client sends besides the prompt, and how a run sends the workload."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+BACKENDS = ("completions", "chat", "tgi", "jobs")
+JOBS_MODES = ("stream", "poll", "webhook")  # --backend jobs: how the client follows a job
 
 
 @dataclass(frozen=True)
@@ -15,3 +19,15 @@ class Options:
     jobs_mode: str = "stream"  # /v1/jobs: stream | poll | webhook
     poll_interval_s: float = 0.05
     webhook_url: str | None = None  # set by the runner in webhook mode (its local receiver)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    backend: str = "completions"
+    rate: float = math.inf
+    arrival: str = "poisson"
+    seed: int = 0
+    max_concurrency: int | None = None
+    timeout_s: float = 3600.0
+    progress: bool = True
+    slo: dict[str, float] | None = None

@@ -5,36 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import math
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import aiohttp
 
 from bench.loadgen import client_jobs, client_openai, client_tgi
 from bench.loadgen.arrival import schedule
 from bench.loadgen.metrics import summarize
-from bench.loadgen.options import Options
+from bench.loadgen.options import BACKENDS, Options, RunConfig
 from bench.loadgen.receiver import Receiver
 from bench.loadgen.record import Record
 from bench.loadgen.workloads import Request
-
-BACKENDS = ("completions", "chat", "tgi", "jobs")
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    backend: str = "completions"
-    rate: float = math.inf
-    arrival: str = "poisson"
-    seed: int = 0
-    max_concurrency: int | None = None
-    timeout_s: float = 3600.0
-    progress: bool = True
-    slo: dict[str, float] | None = None
 
 
 def _sender(backend: str, receiver: Receiver | None) -> Callable[..., Awaitable[None]]:
@@ -49,7 +33,7 @@ def _sender(backend: str, receiver: Receiver | None) -> Callable[..., Awaitable[
     raise ValueError(f"--backend is one of {', '.join(BACKENDS)}, not {backend!r}")
 
 
-async def _one(send: Callable[..., Awaitable[None]], client: httpx.AsyncClient, req: Request,
+async def _one(send: Callable[..., Awaitable[None]], client: aiohttp.ClientSession, req: Request,
                opts: Options, rec: Record, timeout_s: float) -> None:
     rec.prompt_tokens = req.prompt_len
     try:
@@ -57,11 +41,11 @@ async def _one(send: Callable[..., Awaitable[None]], client: httpx.AsyncClient, 
             await send(client, req, opts, rec)
     except TimeoutError:
         rec.fail("timeout", f"no end within {timeout_s:.0f} s")
-    except httpx.ConnectError as exc:
+    except aiohttp.ClientConnectorError as exc:
         rec.fail("connect", str(exc))
-    except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
+    except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as exc:
         rec.fail("stream_broken", str(exc))
-    except httpx.HTTPError as exc:
+    except aiohttp.ClientError as exc:
         rec.fail(type(exc).__name__, str(exc))
     except ValueError as exc:  # a payload that is not the JSON the dialect promises
         rec.fail("bad_payload", str(exc))
@@ -78,10 +62,13 @@ async def run_async(requests: list[Request], opts: Options, cfg: RunConfig) -> d
     records = [Record() for _ in requests]
     cap = asyncio.Semaphore(cfg.max_concurrency or len(requests) or 1)
     bar = _progress(len(requests), cfg.progress)
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    timeout = httpx.Timeout(cfg.timeout_s, connect=30.0)
+    # No connection cap; the per-request bound is _one's timeout (aiohttp's default total is 300 s).
+    # aiohttp over httpx: its C HTTP parser takes a third of httpx's CPU per streamed token here
+    # (README "conveyor bench"), and the client shares the cores with the server it measures.
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30.0)
     try:
-        async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as client:
             cpu0, t0 = time.process_time(), time.perf_counter()
 
             async def go(i: int) -> None:
