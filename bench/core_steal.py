@@ -34,8 +34,8 @@ def steal(on_s: float, period_s: float) -> None:
 
 
 def engine_run() -> float:
-    done = subprocess.run([sys.executable, str(REPO / "bench" / "engine.py"), "--workload", "peer", "--skip-hf"],
-                          cwd=REPO, capture_output=True, text=True, check=True)
+    cmd = [sys.executable, str(REPO / "bench" / "engine.py"), "--workload", "peer", "--skip-hf"]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=True)
     match = _TOTAL.search(done.stdout)
     if match is None:
         raise SystemExit(f"bench/engine.py printed no throughput:\n{done.stdout}\n{done.stderr}")
