@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from bench.runner_micro import _sequences as runner_micro_sequences
+from bench.runner_micro import random_sequences
 from engine.batch import ScheduledChunk
 from engine.config import EngineConfig
 from engine.model_runner import ModelRunner
@@ -168,7 +168,7 @@ def _sequences(runner: ModelRunner, n: int, length: int, seed: int) -> list[Sequ
     rng = random.Random(seed)
     free = list(range(runner.num_blocks))
     rng.shuffle(free)
-    return runner_micro_sequences(runner, n, length, rng, free)
+    return random_sequences(runner, n, length, rng, free)
 
 
 def decode(

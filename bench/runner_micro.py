@@ -42,7 +42,7 @@ SMOLLM2_135M = dict(
 )
 
 
-def _sequences(
+def random_sequences(
     runner: ModelRunner, count: int, length: int, rng: random.Random, free: list[int]
 ) -> list[Sequence]:
     seqs = []
@@ -79,8 +79,8 @@ def main() -> None:
     free = list(range(runner.num_blocks))
     rng.shuffle(free)  # no sequence gets contiguous blocks: the worst case for the gather
 
-    decode = [ScheduledChunk(s, 319, 1) for s in _sequences(runner, 64, 320, rng, free)]
-    prefill = [ScheduledChunk(s, 0, 256) for s in _sequences(runner, 16, 256, rng, free)]
+    decode = [ScheduledChunk(s, 319, 1) for s in random_sequences(runner, 64, 320, rng, free)]
+    prefill = [ScheduledChunk(s, 0, 256) for s in random_sequences(runner, 16, 256, rng, free)]
     print(f"SmolLM2-135M shapes, {params / 1e6:.1f}M parameters, {args.threads} threads")
     kernel = " + C++ paged decode kernel" if getattr(runner.attention, "kernel", False) else ""
     print(f"KV cache {runner.kv_cache_summary()}, attention {runner.attention.name}{kernel}")

@@ -301,7 +301,7 @@ void reduce_row(const float* part_out, const float* part_max, const float* part_
 // Row r attends to positions [max(0, ctx - window), ctx) (window < 0: no window), in partitions of
 // `partition` tokens.
 at::Tensor paged_decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor tables,
-                           at::Tensor context, double scale, int64_t window, int64_t partition) {
+                        at::Tensor context, double scale, int64_t window, int64_t partition) {
   TORCH_CHECK(q.dim() == 3 && q.is_contiguous() && q.scalar_type() == at::kFloat, "q: contiguous fp32 [rows, heads, D]");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.scalar_type() == at::kFloat &&
                   v_cache.scalar_type() == at::kFloat && k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(),
