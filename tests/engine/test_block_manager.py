@@ -333,3 +333,17 @@ BlockManagerMachine.TestCase.settings = settings(
     max_examples=150, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 test_block_manager_machine = BlockManagerMachine.TestCase
+
+
+def test_blocks_taken_back_from_the_prefix_cache_run_forwards() -> None:
+    # A freed sequence's cached blocks are evicted tail first; a prompt that takes them over gets
+    # them in ascending order all the same, so that its KV lies forwards in memory.
+    bm = BlockManager(num_blocks=8, block_size=BS)
+    a = make_seq(list(range(32)), "a")
+    assert prefill(bm, a) and a.block_table == list(range(8))
+    bm.free(a)
+    b = make_seq(list(range(100, 120)), "b")  # 5 blocks: a's last five, evicted in the LRU's order
+    assert prefill(bm, b)
+    assert b.block_table == [3, 4, 5, 6, 7]
+    assert len(bm.match_prefix(make_seq(list(range(32)) + [1], "probe"))) == 3  # a's head still cached
+    check_invariants(bm, [b])
