@@ -109,8 +109,8 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory(prefix="conveyor-base-") as tmp:
         base = Path(tmp) / "tree"
-        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-q", str(base), args.base_ref],
-                       check=True)
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-q", str(base),
+                        args.base_ref], check=True)
         try:
             order = [("base", "new") if i % 2 == 0 else ("new", "base") for i in range(args.pairs)]
             results: list[dict[str, dict[str, float]]] = []
@@ -120,14 +120,16 @@ def main() -> None:
                     print(f"pair {n}/{args.pairs}: {name} ...", file=sys.stderr, flush=True)
                     got[name] = run_leg(base if name == "base" else REPO, args.threads)
                     r = got[name]
-                    print(f"  {name:4s} run {r['seconds']:6.1f} s   decode attention {r['decode_attention_s']:6.2f} s"
-                          f"   GEMMs {r['gemm_s']:6.2f} s   tables 60 steps in: next block "
+                    print(f"  {name:4s} run {r['seconds']:6.1f} s   decode attention "
+                          f"{r['decode_attention_s']:6.2f} s   GEMMs {r['gemm_s']:6.2f} s   "
+                          f"tables {LAYOUT_STEP} steps in: next block "
                           f"{100 * r['next_block']:3.0f} %, previous {100 * r['previous_block']:3.0f} %"
                           f"   ({r['blocks']:.0f} blocks, {r['preemptions']:.0f} preemptions)", flush=True)
                 results.append(got)
             for n, got in enumerate(results, 1):
-                print(f"pair {n}: new / base: run {got['new']['seconds'] / got['base']['seconds']:.3f}, "
-                      f"decode attention {got['new']['decode_attention_s'] / got['base']['decode_attention_s']:.3f}")
+                new, old = got["new"], got["base"]
+                print(f"pair {n}: new / base: run {new['seconds'] / old['seconds']:.3f}, "
+                      f"decode attention {new['decode_attention_s'] / old['decode_attention_s']:.3f}")
         finally:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(base)], check=False)
 
