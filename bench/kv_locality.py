@@ -4,7 +4,7 @@
 
 The same batch (SmolLM2-135M's geometry: 9 heads, 3 KV heads, head_dim 64, 16-token blocks;
 contexts uniform in 64..700, seeded) through `paged_decode.cpp`, with the block tables laid out
-three ways over caches on 2 MiB pages as the engine's are:
+six ways over caches on 2 MiB pages as the engine's are:
   contiguous   each row's blocks one after another (a fresh prompt's blocks)
   descending   each row's blocks one after another, last first (what a prompt got from a free list
                that had taken a finished sequence's blocks back tail first)
@@ -92,7 +92,8 @@ def main() -> None:
     caches = []
     for _ in range(args.caches):
         k, v = (torch.empty(num_blocks, KV_HEADS, BLOCK, HEAD_DIM) for _ in range(2))
-        hugepages.advise(k), hugepages.advise(v)
+        hugepages.advise(k)
+        hugepages.advise(v)
         caches.append((k.normal_(), v.normal_()))
     width = max(-(-c // BLOCK) for c in contexts)
     tables = {}
