@@ -4,6 +4,7 @@
     .venv/bin/python bench/engine.py --workload peer --skip-hf
     .venv/bin/python bench/engine.py --skip-hf --max-batch-prefill-tokens 4096,2048,4096  # A-B-A
     .venv/bin/python bench/engine.py --skip-hf --fused torch,kernel,kernel,torch     # A-B-B-A
+    .venv/bin/python bench/engine.py --skip-hf --admission-order arrival,shortest,shortest,arrival
 
 Workloads (all requests submitted at once):
   peer   64 requests, 256 random-token prompts, exactly 128 new tokens (EOS ignored): the workload
@@ -18,7 +19,8 @@ fastest of torch.mm (MKL) and oneDNN on a 2048 × 2048 matmul. With several
 process; each run prints TTFT p50/p99 (from submitting all requests to a request's first token)
 and TPOT p50 (mean time per token after the first, per request). --fused does the same for the
 forward's elementwise ops: `kernel` engine/model/fused_ops.cpp + F.rms_norm, `torch` the torch ops
-(what CONVEYOR_CPU_FUSED=torch gives), switched on the one loaded model.
+(what CONVEYOR_CPU_FUSED=torch gives), switched on the one loaded model; --admission-order the
+order in which waiting requests are started (EngineConfig.admission_order).
 """
 
 from __future__ import annotations
@@ -200,6 +202,9 @@ def main() -> None:
                         help="comma-separated budgets: one engine run per budget, in this order")
     parser.add_argument("--fused", default="kernel",
                         help="comma-separated 'kernel'/'torch': one engine run per entry (per budget)")
+    parser.add_argument("--admission-order", default=EngineConfig().admission_order,
+                        help="comma-separated 'shortest'/'arrival': one engine run per entry (per budget"
+                             " and --fused entry), in this order")
     args = parser.parse_args()
     budgets = [int(b) for b in args.max_batch_prefill_tokens.split(",")]
     torch.set_num_threads(args.threads)
@@ -235,11 +240,14 @@ def main() -> None:
         for r in results:
             print(f"{r.name:30s} total {r.total_tps:7.1f} tok/s   output {r.output_tps:6.1f} tok/s   "
                   f"({r.seconds:.1f} s)")
-        for budget, path in ((b, p) for p in args.fused.split(",") for b in budgets):
+        orders = args.admission_order.split(",")
+        for order, budget, path in ((o, b, p) for o in orders for p in args.fused.split(",") for b in budgets):
             engine.config.max_batch_prefill_tokens = budget  # the scheduler reads the same config
+            engine.config.admission_order = order
             set_fused(engine, path == "kernel", fused)
             ours, overhead, latency = run_engine(engine, requests)
             label = f"{ours.name} @{budget}" + ("" if args.fused == "kernel" else f" {path}")
+            label += "" if len(orders) == 1 else f" {order}"
             print(f"{label:30s} total {ours.total_tps:7.1f} tok/s   "
                   f"output {ours.output_tps:6.1f} tok/s   ({ours.seconds:.1f} s)   {latency}")
             if hf is not None:

@@ -10,6 +10,7 @@ Workloads (--workloads):
   mixed    64 prompts of 32-512 random token ids, outputs 16-256 (seeded as ../shared/peers/
            stream-client.py MIXED=1 makes them), all at once
   poisson  the peer requests arriving at --poisson-rate req/s (Poisson, seeded)
+  prefill  (only when named) the mixed prompts with one output token each, all at once: prefill speed
 Then vLLM's own client (`vllm bench serve`, peer workload) against (1a) and (2), Conveyor with SSE
 keep-alives off (`--sse-keepalive-s 0`: that client jams on a lone SSE comment). Prints one table
 per workload, each figure's ratio to Conveyor's; a peer that cannot run is named, with why.
@@ -23,6 +24,7 @@ per workload, each figure's ratio to Conveyor's; a peer that cannot run is named
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -46,6 +48,7 @@ from bench.peer_table import Row, midpoint, side_by_side, values  # noqa: E402
 
 SYSTEMS = ("conveyor", "vllm", "hf")
 WORKLOADS = ("peer", "mixed", "poisson")
+EXTRA_WORKLOADS = ("prefill",)  # diagnostics, run only when named in --workloads
 # ../shared/peers beside the checkout (a worktree's sits one level further down).
 PEERS_DIR = next((d for d in (REPO.parent / "shared" / "peers", REPO.parents[1] / "shared" / "peers")
                   if d.is_dir()), REPO.parent / "shared" / "peers")
@@ -57,9 +60,12 @@ def workloads(args: argparse.Namespace) -> dict[str, tuple[list[Request], float]
     vocab = vocab_size(args.model_dir)
     peer = random_workload(HFTokenizer(args.model_dir), args.num_prompts, args.input_len, args.output_len,
                            args.seed)
+    mixed = stream_client_workload(vocab, args.num_prompts, True, seed=args.seed)
     made = {"peer": (peer, math.inf),
-            "mixed": (stream_client_workload(vocab, args.num_prompts, True, seed=args.seed), math.inf),
-            "poisson": (peer, args.poisson_rate)}
+            "mixed": (mixed, math.inf),
+            "poisson": (peer, args.poisson_rate),
+            # the mixed prompts with one output token each: how fast each system prefills ragged prompts
+            "prefill": ([dataclasses.replace(r, output_len=1) for r in mixed], math.inf)}
     return {name: made[name] for name in args.workloads.split(",")}
 
 
@@ -79,7 +85,8 @@ def measure_all(name: str, port: int, loads: dict[str, tuple[list[Request], floa
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--systems", default=",".join(SYSTEMS), help="[default: %(default)s]")
-    p.add_argument("--workloads", default=",".join(WORKLOADS), help="[default: %(default)s]")
+    p.add_argument("--workloads", default=",".join(WORKLOADS),
+                   help=f"of {', '.join(WORKLOADS + EXTRA_WORKLOADS)} [default: %(default)s]")
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--input-len", type=int, default=256, help="peer workload [default: %(default)s]")
     p.add_argument("--output-len", type=int, default=128, help="peer workload [default: %(default)s]")

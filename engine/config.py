@@ -14,6 +14,9 @@ class EngineConfig:
     # only by the KV blocks.
     max_batch_total_tokens: int | None = None
     max_batch_size: int = 256  # running sequences at most
+    # Order of waiting requests of one priority: "shortest" (least prefill first, a request passed
+    # only until as many prefill tokens as its own have been served after it arrived) or "arrival".
+    admission_order: str = "shortest"
     enable_prefix_caching: bool = True
     # KV cache budget in bytes; None: `kv_cache_fraction` of free device memory.
     kv_cache_memory: int | None = None

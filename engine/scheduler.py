@@ -6,10 +6,19 @@ gives it a chunk of what is left. One step = one forward:
   2. every running sequence gets a chunk: one token to decode, or the next piece of its prefill
      within `max_batch_prefill_tokens` (decodes are free of that budget). When blocks run out, the
      lowest-priority, newest running sequence is preempted (its KV is dropped and recomputed later);
-  3. waiting sequences are admitted in priority, then arrival order while the budgets allow, their
-     prefix-cache hits skipping compute. The first one that does not fit stops admission, so a
-     large request is never starved by smaller ones behind it.
+  3. waiting sequences are admitted in priority order while the budgets allow, their prefix-cache
+     hits skipping compute. The first one that does not fit stops admission, so a large request is
+     never starved by smaller ones behind it.
 KV is not reserved for max_new_tokens: preemption is what makes optimistic admission safe.
+
+Within one priority, waiting requests go shortest prefill first (`admission_order="shortest"`):
+when a burst arrives together, short prompts get their first token without waiting for the long
+ones ahead of them, which lowers the median time to first token and leaves the last one's where it
+was (the same prefill is done in the same steps). The key is a virtual finish time counted in
+prefill tokens: the tokens served before the request arrived plus its own. A later request passes it
+only while fewer prefill tokens than its own length have been served since it arrived, so a long
+prompt waits at most that long for newcomers, never forever. `"arrival"` is first come, first
+served.
 """
 
 from __future__ import annotations
@@ -26,8 +35,16 @@ from engine.sequence import FinishReason, Sequence, SequenceStatus
 
 
 def _rank(seq: Sequence) -> tuple[int, int]:
-    """Service order: higher priority first, then earlier arrival. Preemption takes the last."""
+    """Running order: higher priority first, then earlier arrival. Preemption takes the last."""
     return (-seq.priority, seq.order)
+
+
+def _shortest_first(seq: Sequence) -> tuple[int, int, int]:
+    """Waiting order: higher priority first, then the earliest virtual finish, then arrival."""
+    return (-seq.priority, seq.admission_tag, seq.order)
+
+
+ADMISSION_ORDERS = {"shortest": _shortest_first, "arrival": _rank}
 
 
 class Scheduler:
@@ -42,11 +59,20 @@ class Scheduler:
         self.max_model_len = max_model_len  # the engine ends a sequence there (LENGTH)
         self.block_manager = block_manager
         self._clock = clock
-        self._waiting: list[Sequence] = []  # sorted by _rank
+        if config.admission_order not in ADMISSION_ORDERS:
+            raise ValueError(
+                f"admission_order {config.admission_order!r}: use one of {', '.join(ADMISSION_ORDERS)}"
+            )
+        self._waiting: list[Sequence] = []  # sorted by _waiting_rank
+        self._prefill_served = 0  # prefill tokens scheduled so far: the admission tags' clock
         self._running: list[Sequence] = []  # sorted by _rank: the last is the next victim
         self._by_id: dict[str, dict[int, Sequence]] = {}  # request id → choice → its sequence
         self._num_preemptions = 0
         self._stalled = False  # the last schedule() left a waiting sequence it could not admit
+
+    def _waiting_rank(self, seq: Sequence) -> tuple[int, ...]:
+        # Read from the config each time, as the budgets are: a benchmark switches it between runs.
+        return ADMISSION_ORDERS[self.config.admission_order](seq)
 
     @property
     def num_running(self) -> int:
@@ -115,7 +141,8 @@ class Scheduler:
         if not wants_scores(seq):
             bm = self.block_manager
             seq.expected_hit_tokens = len(bm.match_prefix(seq)) * bm.block_size
-        bisect.insort(self._waiting, seq, key=_rank)
+        seq.admission_tag = self._prefill_served + max(1, seq.num_uncomputed - seq.expected_hit_tokens)
+        bisect.insort(self._waiting, seq, key=self._waiting_rank)
 
     def fork(self, parent: Sequence) -> list[Sequence]:
         """Start parent's pending forks: running, sharing its blocks (its prompt is computed)."""
@@ -223,6 +250,7 @@ class Scheduler:
                 out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, length))
                 if is_prefill:
                     budget -= length
+                    self._prefill_served += length
                 i += 1
         return budget
 
@@ -249,6 +277,7 @@ class Scheduler:
             bisect.insort(self._running, seq, key=_rank)
             out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, length))
             budget -= length
+            self._prefill_served += length
             context += seq.num_tokens
             num_admitted += 1
         del self._waiting[:num_admitted]
@@ -258,7 +287,7 @@ class Scheduler:
         self.block_manager.free(seq)
         self._running.remove(seq)
         seq.status = SequenceStatus.PREEMPTED
-        bisect.insort(self._waiting, seq, key=_rank)
+        bisect.insort(self._waiting, seq, key=self._waiting_rank)  # its old tag: near the front
         out.preempted.append(seq)
         self._num_preemptions += 1
 

@@ -60,6 +60,9 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None  # set with status FINISHED, never without it
     order: int = field(default_factory=lambda: next(_arrival_counter))
+    # Shortest-first admission's key: prefill tokens the scheduler had served when this arrived,
+    # plus this one's own prefill (engine/scheduler.py).
+    admission_tag: int = 0
     matcher: GrammarMatcher | None = None  # where the output stands in `sampling.grammar`
     prompt_scores: list[PromptScore] = field(default_factory=list)  # of prompt tokens 1.., if asked
     # Several sequences of one request (OpenAI `n`, TGI `best_of`): which one this is, and the

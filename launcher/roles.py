@@ -47,6 +47,7 @@ def engine_config(settings: Settings):  # type: ignore[no-untyped-def]
         max_batch_prefill_tokens=settings.max_batch_prefill_tokens,
         max_batch_total_tokens=settings.max_batch_total_tokens,
         max_batch_size=settings.max_batch_size,
+        admission_order=settings.admission_order,
         enable_prefix_caching=settings.enable_prefix_caching,
         kv_cache_memory=settings.kv_cache_bytes,
         kv_cache_fraction=settings.kv_cache_fraction,

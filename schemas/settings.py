@@ -144,6 +144,11 @@ class Settings(BaseSettings):
         description="Sum of context lengths in the batch; unset: bounded by the KV cache.",
     )
     max_batch_size: int = Field(default=256, ge=1, description="Running sequences per worker.")
+    admission_order: Literal["shortest", "arrival"] = Field(
+        default="shortest",
+        description="Order of waiting requests of one priority: shortest prefill first (a request is "
+        "passed only until its own length of prefill has been served), or arrival.",
+    )
     # TGI decides with these when to pause decoding to prefill waiting requests. Conveyor's
     # scheduler admits waiting requests in every step as prefill chunks beside the decodes, so
     # waiting requests never wait for a batch to drain; the values are validated and shown in

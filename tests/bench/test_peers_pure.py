@@ -139,3 +139,7 @@ def test_the_sitting_s_workloads(tiny_model_dir) -> None:  # type: ignore[no-unt
     assert all(isinstance(r.prompt, list) and 32 <= len(r.prompt) <= 512 for r in mixed)
     args.workloads = "mixed"
     assert list(workloads(args)) == ["mixed"]
+    args.workloads = "prefill"  # the mixed prompts, one token out each: prefill speed alone
+    (prefill, inf3), = workloads(args).values()
+    assert math.isinf(inf3)
+    assert [r.prompt for r in prefill] == [r.prompt for r in mixed] and {r.output_len for r in prefill} == {1}

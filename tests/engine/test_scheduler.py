@@ -34,7 +34,7 @@ def reference(prompt: list[int], max_new: int) -> list[int]:
 
 
 class Sim:
-    def __init__(self, num_blocks: int = 64, clock: list[float] | None = None, **limits: int) -> None:
+    def __init__(self, num_blocks: int = 64, clock: list[float] | None = None, **limits: int | str) -> None:
         self.config = EngineConfig(block_size=BS, num_blocks=num_blocks, **limits)
         self.bm = BlockManager(num_blocks, BS)
         self.now = clock if clock is not None else [0.0]
@@ -141,6 +141,58 @@ def test_admission_by_priority_then_arrival() -> None:
     assert first == ["high", "high2", "mid", "low"]
 
 
+def first_chunks(sim: Sim) -> list[str]:
+    """Request ids in the order their first chunk was scheduled."""
+    first: list[str] = []
+    for out in sim.steps:
+        first += [c.seq.request_id for c in out.chunks if c.seq.request_id not in first]
+    return first
+
+
+def test_burst_admits_shortest_prefill_first() -> None:
+    sim = Sim(max_batch_prefill_tokens=8)
+    for rid, length in [("long", 12), ("mid", 6), ("short", 3), ("mid2", 6)]:
+        sim.add(rid, length, max_new=2)
+    out = sim.step()
+    assert sim.chunks(out) == {"short": (0, 3), "mid": (0, 5)}  # the budget cut mid's prompt
+    sim.run()
+    assert first_chunks(sim) == ["short", "mid", "mid2", "long"]
+    assert sim.outputs["long"] == reference(sim.seqs["long"].prompt_ids, 2)
+
+
+def test_arrival_order_when_asked() -> None:
+    sim = Sim(max_batch_prefill_tokens=8, admission_order="arrival")
+    for rid, length in [("long", 12), ("mid", 6), ("short", 3)]:
+        sim.add(rid, length, max_new=2)
+    sim.run()
+    assert first_chunks(sim) == ["long", "mid", "short"]
+
+
+def test_unknown_admission_order_is_refused() -> None:
+    with pytest.raises(ValueError, match="admission_order 'sjf': use one of shortest, arrival"):
+        Sim(admission_order="sjf")
+
+
+def test_long_prompt_is_passed_only_until_its_own_length_is_served() -> None:
+    # A 20-token prompt and a 3-token newcomer every step, budget 3 prefill tokens a step. The
+    # newcomers pass the long prompt (shortest first) only while fewer than its own 20 tokens of
+    # prefill have been served since it arrived; then it goes first: it never starves.
+    sim = Sim(max_batch_prefill_tokens=3, max_batch_size=64, num_blocks=256)
+    sim.add("long", 20, max_new=1)
+    served = 0  # prefill tokens scheduled before the long prompt's first chunk
+    for k in range(40):
+        sim.add(f"new{k}", 3, max_new=1)
+        out = sim.step()
+        if "long" in sim.chunks(out):
+            break
+        served += sum(c.length for c in out.chunks if c.start < c.seq.num_prompt_tokens)
+    else:
+        pytest.fail("the long prompt starved behind 40 short ones")
+    assert 20 - 3 < served <= 20  # passed, but only until its own length was served
+    sim.run()
+    assert sim.outputs["long"] == reference(sim.seqs["long"].prompt_ids, 1)
+
+
 def test_max_batch_size() -> None:
     sim = Sim(max_batch_size=3)
     for i in range(5):
@@ -153,7 +205,7 @@ def test_max_batch_size() -> None:
 
 
 def test_max_batch_total_tokens_admits_in_strict_order() -> None:
-    sim = Sim(max_batch_total_tokens=20)
+    sim = Sim(max_batch_total_tokens=20, admission_order="arrival")
     sim.add("a", 12, max_new=2)
     sim.add("b", 12, max_new=2)
     sim.add("c", 4, max_new=2)  # would fit, but must not overtake b
@@ -210,7 +262,7 @@ def test_priority_outranks_arrival_for_preemption() -> None:
 
 
 def test_sequence_preempts_itself_when_it_ranks_last_and_resumes_first() -> None:
-    sim = Sim(num_blocks=3, max_batch_size=2)
+    sim = Sim(num_blocks=3, max_batch_size=2, admission_order="arrival")  # d is shorter than c
     sim.add("a", 3, max_new=9, priority=1)
     b = sim.add("b", 4, max_new=1)
     sim.step()
@@ -336,7 +388,7 @@ def test_random_workloads_finish_with_reference_outputs(
 
 
 def test_prefill_backlog_counts_the_prompt_tokens_not_yet_prefilled() -> None:
-    sim = Sim(max_batch_prefill_tokens=8)
+    sim = Sim(max_batch_prefill_tokens=8, admission_order="arrival")
     sim.add("a", 20)
     sim.add("b", 6)
     assert sim.sched.prefill_backlog == 26  # both waiting, whole prompts

@@ -51,3 +51,14 @@ def test_attention_flags_reach_the_engine_config() -> None:
     for bad in (["--attention", "sdpa"], ["--cuda-graphs", "1,x"]):
         with pytest.raises(SystemExit, match="invalid settings: --(attention|cuda-graphs)"):
             settings_from(build_parser().parse_args(["worker", *bad]))
+
+
+def test_admission_order_reaches_the_engine_config() -> None:
+    from launcher.cli import settings_from
+    from launcher.roles import engine_config
+
+    args = build_parser().parse_args(["worker", "--admission-order", "arrival"])
+    assert engine_config(settings_from(args)).admission_order == "arrival"
+    assert engine_config(Settings()).admission_order == "shortest"
+    with pytest.raises(SystemExit, match="invalid settings: --admission-order"):
+        settings_from(build_parser().parse_args(["worker", "--admission-order", "sjf"]))
