@@ -21,3 +21,9 @@ def test_refuses_more_on_time_than_its_period() -> None:
     done = subprocess.run([sys.executable, "bench/core_steal.py", "--on-ms", "20", "--period-ms", "10"],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "--on-ms <= --period-ms" in done.stderr
+
+
+def test_refuses_an_unknown_priority() -> None:
+    done = subprocess.run([sys.executable, "bench/core_steal.py", "--policies", "normal,realtime"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "--policies takes normal, nice, idle" in done.stderr
