@@ -106,8 +106,10 @@ async def test_a_job_placed_on_a_stopped_worker_is_taken_by_another_within_the_w
 
 async def test_a_holder_whose_engine_has_a_job_waiting_still_takes_its_own_jobs(fleet, make_spec) -> None:  # type: ignore[no-untyped-def]
     # 4 prompt tokens a step: a long prompt keeps the holder's engine busy prefilling, and the job
-    # behind it waiting for room (capacity 0: it reads nothing from the shared streams), for seconds
-    store, holder, other = await warm(fleet, make_spec, CONVEYOR_MAX_BATCH_PREFILL_TOKENS="4")
+    # behind it waiting for room (capacity 0: it reads nothing from the shared streams), for seconds.
+    # First come, first served: shortest first would start the short job behind it at once.
+    store, holder, other = await warm(fleet, make_spec, CONVEYOR_MAX_BATCH_PREFILL_TOKENS="4",
+                                      CONVEYOR_ADMISSION_ORDER="arrival")
     view = dict(store.placement._summaries)
 
     async def place(spec) -> None:  # type: ignore[no-untyped-def]
