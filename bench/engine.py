@@ -241,7 +241,8 @@ def main() -> None:
             print(f"{r.name:30s} total {r.total_tps:7.1f} tok/s   output {r.output_tps:6.1f} tok/s   "
                   f"({r.seconds:.1f} s)")
         orders = args.admission_order.split(",")
-        for order, budget, path in ((o, b, p) for o in orders for p in args.fused.split(",") for b in budgets):
+        legs = ((o, b, p) for o in orders for p in args.fused.split(",") for b in budgets)
+        for order, budget, path in legs:
             engine.config.max_batch_prefill_tokens = budget  # the scheduler reads the same config
             engine.config.admission_order = order
             set_fused(engine, path == "kernel", fused)

@@ -29,6 +29,7 @@ from collections.abc import Callable
 
 from engine.batch import ScheduledChunk, SchedulerOutput
 from engine.block_manager import BlockManager
+from engine.capacity import capacity
 from engine.config import EngineConfig
 from engine.prompt_logprobs import wants_scores
 from engine.sequence import FinishReason, Sequence, SequenceStatus
@@ -69,6 +70,9 @@ class Scheduler:
         self._by_id: dict[str, dict[int, Sequence]] = {}  # request id → choice → its sequence
         self._num_preemptions = 0
         self._stalled = False  # the last schedule() left a waiting sequence it could not admit
+        # Prefill budget the step after the last scheduled one has beside the backlog; 0 when
+        # blocks, batch slots or batch tokens (not the budget) stopped the last admission.
+        self._budget_ahead = config.max_batch_prefill_tokens
 
     def _waiting_rank(self, seq: Sequence) -> tuple[int, ...]:
         # Read from the config each time, as the budgets are: a benchmark switches it between runs.
@@ -169,10 +173,14 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         self._expire(out)
-        budget = self._schedule_running(out, self.config.max_batch_prefill_tokens)
+        full = self.config.max_batch_prefill_tokens
+        budget = self._schedule_running(out, full)
         # Blocks ran short this step: admitting now would only preempt again next step.
-        if not out.preempted:
-            self._admit(out, budget)
+        room = not out.preempted
+        if room:
+            room, budget = self._admit(out, budget)
+        # The backlog still counts this step's chunks (complete() has not run): take them off.
+        self._budget_ahead = full - (self.prefill_backlog - (full - budget)) if room else 0
         self._stalled = bool(self._waiting)
         return out
 
@@ -197,29 +205,10 @@ class Scheduler:
         return max(0, self.config.max_batch_size - len(seqs) - sum(len(s.forks) for s in seqs))
 
     def capacity(self) -> int:
-        """How many new requests the engine could start now.
-
-        0 while a waiting request is left that the last step could not admit: more would only
-        queue here instead of in the stream, where another worker can take them. Otherwise the free
-        batch slots, bounded by the free blocks (and batch tokens) at a rough estimate per request:
-        the mean length of the sequences in the engine, or one block when it is idle.
-        """
-        if self._stalled and self._waiting:
-            return 0
-        slots = self.free_slots()
-        if slots <= 0:
-            return 0
-        seqs = self._running + self._waiting
-        bm = self.block_manager
-        mean_tokens = sum(s.num_tokens for s in seqs) / len(seqs) if seqs else 1.0
-        per_request = max(1, bm.blocks_for(int(mean_tokens)))
-        queued = sum(bm.blocks_for(s.num_tokens) for s in self._waiting)
-        bound = min(slots, max(0, bm.num_free_blocks - queued) // per_request)
-        if self.config.max_batch_total_tokens is not None:
-            used = sum(s.num_tokens for s in seqs)
-            free_tokens = max(0, self.config.max_batch_total_tokens - used)
-            bound = min(bound, free_tokens // max(1, int(mean_tokens)))
-        return bound
+        """How many new requests the engine could start now (engine/capacity.py)."""
+        ahead = self._budget_ahead if self._stalled else None
+        return capacity(self._running, self._waiting, self.free_slots(), self.block_manager, self.config,
+                        ahead)
 
     def _expire(self, out: SchedulerOutput) -> None:
         now = self._clock()
@@ -254,7 +243,10 @@ class Scheduler:
                 i += 1
         return budget
 
-    def _admit(self, out: SchedulerOutput, budget: int) -> None:
+    def _admit(self, out: SchedulerOutput, budget: int) -> tuple[bool, int]:
+        """Start waiting sequences in order while the budget and the room last. Returns whether
+        it stopped for the budget or an empty queue (not for want of blocks, batch slots or batch
+        tokens), and the budget left."""
         bm = self.block_manager
         limit = self.config.max_batch_total_tokens
         # A chunked prefill counts with its whole prompt from its first chunk, so a later
@@ -263,16 +255,18 @@ class Scheduler:
         num_admitted = 0
         for seq in self._waiting:
             # A request of n choices takes n batch slots (its forks join at its first token).
-            if budget <= 0 or len(self._running) + len(seq.forks) >= self.config.max_batch_size:
+            if budget <= 0:
                 break
+            if len(self._running) + len(seq.forks) >= self.config.max_batch_size:
+                return self._admitted(num_admitted, False, budget)
             if limit is not None and context + seq.num_tokens > limit:
-                break
+                return self._admitted(num_admitted, False, budget)
             # A cached prefix has no logits: a request still to score its prompt computes it all.
             cached = [] if wants_scores(seq) else bm.match_prefix(seq)
             num_hit = len(cached) * bm.block_size
             length = min(seq.num_tokens - num_hit, budget)
             if not bm.allocate(seq, length, cached):
-                break
+                return self._admitted(num_admitted, False, budget)
             seq.status = SequenceStatus.RUNNING
             bisect.insort(self._running, seq, key=_rank)
             out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, length))
@@ -280,7 +274,11 @@ class Scheduler:
             self._prefill_served += length
             context += seq.num_tokens
             num_admitted += 1
+        return self._admitted(num_admitted, True, budget)
+
+    def _admitted(self, num_admitted: int, room: bool, budget: int) -> tuple[bool, int]:
         del self._waiting[:num_admitted]
+        return room, budget
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         """Preempt by recompute: drop the KV, and queue the sequence again at its original rank."""

@@ -335,6 +335,30 @@ def test_capacity() -> None:
     assert sim.sched.capacity() == 8
 
 
+def test_capacity_fills_the_next_steps_prefill_budget_while_requests_wait() -> None:
+    # The worker asks while a step runs, after schedule() and before complete(): the step's own
+    # chunks are not backlog any more.
+    sim = Sim(max_batch_prefill_tokens=32, max_batch_size=16, admission_order="arrival")
+    mid_step: list[int] = []
+    complete = sim.sched.complete
+    sim.sched.complete = lambda out: (mid_step.append(sim.sched.capacity()), complete(out))[1]  # type: ignore[method-assign]
+    for i in range(5):
+        sim.add(f"r{i}", 12)
+    sim.step()  # r0, r1 and 8 of r2's 12 tokens: 4 + r3 + r4 = 28 left
+    assert sim.sched.num_waiting == 2
+    assert mid_step == [1]  # 32 - 28 = 4 tokens: one more 12-token request
+    assert sim.sched.capacity() == 1
+    sim.add("r5", 12)  # what the worker read: it joins the next step
+    sim.step()
+    assert [c.seq.request_id for c in sim.steps[-1].chunks if c.length > 1] == ["r2", "r3", "r4", "r5"]
+    for i in range(6, 12):
+        sim.add(f"r{i}", 12)
+    sim.step()  # 72 tokens waited, 32 taken: 40 still ahead, more than a step's budget
+    assert sim.sched.capacity() == 0
+    sim.run()
+    assert len(sim.outputs) == 12
+
+
 def test_add_rejects_duplicates_and_oversized() -> None:
     sim = Sim(num_blocks=4)
     sim.add("a", 3)
