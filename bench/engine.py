@@ -5,11 +5,13 @@
     .venv/bin/python bench/engine.py --skip-hf --max-batch-prefill-tokens 4096,2048,4096  # A-B-A
     .venv/bin/python bench/engine.py --skip-hf --fused torch,kernel,kernel,torch     # A-B-B-A
     .venv/bin/python bench/engine.py --skip-hf --admission-order arrival,shortest,shortest,arrival
+    .venv/bin/python bench/engine.py --skip-hf --workload single --min-rows exact,16,16,exact
 
 Workloads (all requests submitted at once):
   peer   64 requests, 256 random-token prompts, exactly 128 new tokens (EOS ignored): the workload
          ../shared/peers/ runs against vLLM's CPU build.
   mixed  64 requests, prompt lengths uniform in 32–512, output lengths uniform in 16–256 (seeded).
+  single one peer request alone (named only; not in "both"): one stream's time per token.
 Systems: (a) HF `generate` one request at a time (on the first --one-at-a-time requests: its rate
 does not depend on how many), (b) HF `generate` in padded static batches of 16 (each batch runs
 until its longest output), (c) this engine. Model FLOP utilisation = model FLOPs per second
@@ -20,7 +22,9 @@ process; each run prints TTFT p50/p99 (from submitting all requests to a request
 and TPOT p50 (mean time per token after the first, per request). --fused does the same for the
 forward's elementwise ops: `kernel` engine/model/fused_ops.cpp + F.rms_norm, `torch` the torch ops
 (what CONVEYOR_CPU_FUSED=torch gives), switched on the one loaded model; --admission-order the
-order in which waiting requests are started (EngineConfig.admission_order).
+order in which waiting requests are started (EngineConfig.admission_order); --min-rows the
+row count a step's GEMMs are padded to (`exact`: what the model found exact at load, e.g.
+`--min-rows exact,16,16,exact`).
 """
 
 from __future__ import annotations
@@ -70,6 +74,8 @@ def workload(name: str, vocab: int, n: int = 64) -> list[Request]:
     rng = random.Random(0)
     if name == "peer":
         return [Request([rng.randrange(vocab) for _ in range(256)], 128) for _ in range(n)]
+    if name == "single":
+        return [Request([rng.randrange(vocab) for _ in range(256)], 128)]
     return [
         Request([rng.randrange(vocab) for _ in range(rng.randint(32, 512))], rng.randint(16, 256))
         for _ in range(n)
@@ -194,7 +200,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--workload", choices=["peer", "mixed", "both"], default="both")
+    parser.add_argument("--workload", choices=["peer", "mixed", "both", "single"], default="both")
     parser.add_argument("--skip-hf", action="store_true", help="engine only")
     parser.add_argument("--one-at-a-time", type=int, default=8, help="requests for baseline (a)")
     parser.add_argument("--threads", type=int, default=2)
@@ -205,6 +211,9 @@ def main() -> None:
     parser.add_argument("--admission-order", default=EngineConfig().admission_order,
                         help="comma-separated 'shortest'/'arrival': one engine run per entry (per budget"
                              " and --fused entry), in this order")
+    parser.add_argument("--min-rows", default="exact",
+                        help="comma-separated 'exact' (the count checked at load) or a number: the rows a"
+                             " step's GEMMs are padded to; one engine run per entry (innermost)")
     args = parser.parse_args()
     budgets = [int(b) for b in args.max_batch_prefill_tokens.split(",")]
     torch.set_num_threads(args.threads)
@@ -218,6 +227,7 @@ def main() -> None:
     engine = Engine.from_pretrained(source.path, EngineConfig(enable_prefix_caching=False,
                                                               kv_cache_memory=4 * 1024**3))
     fused = engine.runner.model.fused
+    exact_rows = engine.runner.model.min_rows
     hf = None
     if not args.skip_hf:
         from transformers import AutoModelForCausalLM
@@ -241,14 +251,18 @@ def main() -> None:
             print(f"{r.name:30s} total {r.total_tps:7.1f} tok/s   output {r.output_tps:6.1f} tok/s   "
                   f"({r.seconds:.1f} s)")
         orders = args.admission_order.split(",")
-        legs = ((o, b, p) for o in orders for p in args.fused.split(",") for b in budgets)
-        for order, budget, path in legs:
+        min_rows = args.min_rows.split(",")
+        legs = ((o, b, p, m) for o in orders for p in args.fused.split(",") for b in budgets
+                for m in min_rows)
+        for order, budget, path, rows in legs:
             engine.config.max_batch_prefill_tokens = budget  # the scheduler reads the same config
             engine.config.admission_order = order
             set_fused(engine, path == "kernel", fused)
+            engine.runner.model.min_rows = exact_rows if rows == "exact" else int(rows)
             ours, overhead, latency = run_engine(engine, requests)
             label = f"{ours.name} @{budget}" + ("" if args.fused == "kernel" else f" {path}")
             label += "" if len(orders) == 1 else f" {order}"
+            label += "" if len(min_rows) == 1 else f" rows>={engine.runner.model.min_rows}"
             print(f"{label:30s} total {ours.total_tps:7.1f} tok/s   "
                   f"output {ours.output_tps:6.1f} tok/s   ({ours.seconds:.1f} s)   {latency}")
             if hf is not None:

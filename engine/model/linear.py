@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -112,3 +113,34 @@ class Linear:
         if self.bias is not None:
             h += self.bias
         return h
+
+
+def exact_min_rows(linears: Iterable[Linear], most: int) -> int:
+    """The fewest rows a GEMM may be given so that every row's result is the same bits whatever
+    the row count (at or above it), found for these weights on this CPU, at most `most`.
+
+    A GEMM library picks its kernel by the row count, and some kernels round differently (MKL's
+    sgemm below ~12 rows, oneDNN's at 1 row here): fewer rows are padded up to this count. It is
+    checked, not assumed, since the choice depends on the CPU and the library's version: each
+    distinct weight shape, plain and with a residual, at every row count below `most` against the
+    same rows of a `most`-row call. torch.mm's path is not checked: it keeps `most`.
+    """
+    rows = 1
+    seen: set[tuple[int, int, bool]] = set()
+    for linear in linears:
+        if not linear.packed:
+            return most
+        shape = (linear.out_features, linear.in_features, linear.bias is None)
+        if shape in seen:
+            continue
+        seen.add(shape)
+        g = torch.Generator().manual_seed(len(seen))
+        x = torch.randn(most, linear.in_features, generator=g)
+        h = torch.randn(most, linear.out_features, generator=g)
+        plain, residual = linear(x), linear.residual(h.clone(), x)
+        for m in range(most - 1, rows - 1, -1):  # down to the first row count that differs
+            if not (torch.equal(linear(x[:m]), plain[:m])
+                    and torch.equal(linear.residual(h[:m].clone(), x[:m]), residual[:m])):
+                rows = m + 1
+                break
+    return rows

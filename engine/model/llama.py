@@ -18,15 +18,16 @@ from torch import nn
 
 from engine.attention import AttentionBackend
 from engine.model import SUPPORTED_MODEL_TYPES, fused_ops
-from engine.model.linear import Linear
+from engine.model.linear import Linear, exact_min_rows
 
 # RoPE variants whose frequencies depend on the longest position seen: computed per step by
 # transformers with data-dependent control flow, so they cannot be captured in a CUDA graph.
 _DYNAMIC_ROPE = ("dynamic", "longrope")
 _LM_HEAD_SLICE = 4096
 # Below ~12 rows MKL's fp32 GEMM (oneDNN's at 1 row) picks kernels whose rounding depends on the
-# row count, so a sequence's logits would depend on the batch it is in. Padding to 16 rows keeps
-# them exact.
+# row count, so a sequence's logits would depend on the batch it is in. Padding to the fewest rows
+# at which each weight's GEMM is checked exact at load (linear.exact_min_rows; at most 16) keeps
+# them exact: with oneDNN that is 2 here, and a step of 2 rows runs its GEMMs ~4x faster than 16.
 _CPU_MIN_ROWS = 16
 # Rows per slice of the MLP on CPU (see Llama._mlp).
 _MLP_ROWS = 512
@@ -82,6 +83,10 @@ class Llama:
         self.lm_head = Linear(self.embed if self.tied_embeddings else self._param(lm_head))
         self.norm = self._param(base.norm.weight)
         self.layers = [self._layer(layer, i, cfg) for i, layer in enumerate(base.layers)]
+        if cpu:
+            gemms = ((la.qkv, la.o, la.gate_up, la.down) for la in self.layers)
+            linears = [self.lm_head, *(linear for four in gemms for linear in four)]
+            self.min_rows = exact_min_rows(linears, _CPU_MIN_ROWS)
         # transformers' rotary module gives cos/sin for every RoPE scaling type; a copy, so that
         # moving it to our device leaves the caller's model alone.
         self.rotary = copy.deepcopy(base.rotary_emb).to(device)

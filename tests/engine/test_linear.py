@@ -102,3 +102,45 @@ def test_a_wrong_op_at_load_leaves_linear_on_mm(
 def test_this_torch_builds_ops_agree() -> None:
     """The real private ops pass the check here, so the CPU path is the fast one."""
     assert onednn_mismatch(torch.ops.mkldnn) is None
+
+
+class _RowCountRounding:
+    """A packed Linear stand-in whose results round differently below `exact_from` rows (small
+    integers: its own GEMM is exact in any order)."""
+
+    packed = True
+    bias = None
+
+    def __init__(self, exact_from: int, out_features: int = 8, in_features: int = 4) -> None:
+        self.exact_from, self.out_features, self.in_features = exact_from, out_features, in_features
+        self.weight = torch.randint(-3, 4, (out_features, in_features)).float()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = x.round() @ self.weight.t()
+        return y if x.shape[0] >= self.exact_from else y + 0.5
+
+    def residual(self, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return h.round() + self(x)
+
+
+def test_exact_min_rows_is_the_fewest_rows_every_shape_agrees_from() -> None:
+    assert linear.exact_min_rows([_RowCountRounding(5)], 16) == 5
+    # The largest over distinct shapes; a repeated shape is checked once.
+    shapes = [_RowCountRounding(3), _RowCountRounding(7, 16, 4), _RowCountRounding(3)]
+    assert linear.exact_min_rows(shapes, 16) == 7
+    assert linear.exact_min_rows([_RowCountRounding(1)], 16) == 1
+    plain = Linear(torch.randn(8, 4))
+    plain.packed = False  # torch.mm's path: not checked, the bound
+    assert linear.exact_min_rows([_RowCountRounding(1), plain], 16) == 16
+
+
+@pytest.mark.skipif(not onednn_available(), reason="needs oneDNN's prepacked linear")
+def test_this_cpus_onednn_rows_agree_from_the_count_found() -> None:
+    # SmolLM2's MLP down projection's shape: oneDNN rounds a 1-row call differently here.
+    g = torch.Generator().manual_seed(3)
+    lin = Linear(torch.randn(576, 1536, generator=g) * 0.05)
+    rows = linear.exact_min_rows([lin], 16)
+    x = torch.randn(64, 1536, generator=g)
+    full = lin(x)
+    assert 1 <= rows <= 16
+    assert all(torch.equal(lin(x[:m]), full[:m]) for m in range(rows, 64))
