@@ -8,8 +8,9 @@ from dataclasses import dataclass
 @dataclass(slots=True)
 class EngineConfig:
     block_size: int = 16
-    # Tokens of prefill (prompt chunks) one step may process.
-    max_batch_prefill_tokens: int = 4096
+    # Tokens of prefill (prompt chunks) one step may process. vLLM's server's 2048 (TGI: 4096): a
+    # request that arrives mid-step waits for the step's end, so shorter steps start it sooner.
+    max_batch_prefill_tokens: int = 2048
     # Sum of the context lengths (prompt + generated) of all sequences in the batch; None: bounded
     # only by the KV blocks.
     max_batch_total_tokens: int | None = None

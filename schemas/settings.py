@@ -136,7 +136,7 @@ class Settings(BaseSettings):
 
     # --- batching (TGI names) ---------------------------------------------------------------
     max_batch_prefill_tokens: int = Field(
-        default=4096, ge=1, description="Prompt tokens one engine step may prefill (chunked prefill)."
+        default=2048, ge=1, description="Prompt tokens one engine step may prefill (chunked prefill)."
     )
     max_batch_total_tokens: int | None = Field(
         default=None,
