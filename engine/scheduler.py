@@ -69,10 +69,10 @@ class Scheduler:
         self._running: list[Sequence] = []  # sorted by _rank: the last is the next victim
         self._by_id: dict[str, dict[int, Sequence]] = {}  # request id → choice → its sequence
         self._num_preemptions = 0
-        self._stalled = False  # the last schedule() left a waiting sequence it could not admit
-        # Prefill budget the step after the last scheduled one has beside the backlog; 0 when
-        # blocks, batch slots or batch tokens (not the budget) stopped the last admission.
-        self._budget_ahead = config.max_batch_prefill_tokens
+        # When the last schedule() left a sequence waiting: the prefill budget the next step has
+        # beside the backlog (0 when blocks, batch slots or batch tokens, not the budget, stopped
+        # the admission); None when it left none.
+        self._budget_ahead: int | None = None
 
     def _waiting_rank(self, seq: Sequence) -> tuple[int, ...]:
         # Read from the config each time, as the budgets are: a benchmark switches it between runs.
@@ -179,9 +179,10 @@ class Scheduler:
         room = not out.preempted
         if room:
             room, budget = self._admit(out, budget)
-        # The backlog still counts this step's chunks (complete() has not run): take them off.
-        self._budget_ahead = full - (self.prefill_backlog - (full - budget)) if room else 0
-        self._stalled = bool(self._waiting)
+        self._budget_ahead = None
+        if self._waiting:
+            # The backlog still counts this step's chunks (complete() has not run): take them off.
+            self._budget_ahead = full - (self.prefill_backlog - (full - budget)) if room else 0
         return out
 
     def complete(self, output: SchedulerOutput) -> None:
@@ -206,9 +207,8 @@ class Scheduler:
 
     def capacity(self) -> int:
         """How many new requests the engine could start now (engine/capacity.py)."""
-        ahead = self._budget_ahead if self._stalled else None
         return capacity(self._running, self._waiting, self.free_slots(), self.block_manager, self.config,
-                        ahead)
+                        self._budget_ahead)
 
     def _expire(self, out: SchedulerOutput) -> None:
         now = self._clock()
@@ -253,20 +253,23 @@ class Scheduler:
         # admission cannot take the room it still needs.
         context = sum(s.num_tokens for s in self._running)
         num_admitted = 0
+        room = True
         for seq in self._waiting:
-            # A request of n choices takes n batch slots (its forks join at its first token).
             if budget <= 0:
                 break
-            if len(self._running) + len(seq.forks) >= self.config.max_batch_size:
-                return self._admitted(num_admitted, False, budget)
-            if limit is not None and context + seq.num_tokens > limit:
-                return self._admitted(num_admitted, False, budget)
+            # A request of n choices takes n batch slots (its forks join at its first token).
+            if len(self._running) + len(seq.forks) >= self.config.max_batch_size or (
+                limit is not None and context + seq.num_tokens > limit
+            ):
+                room = False
+                break
             # A cached prefix has no logits: a request still to score its prompt computes it all.
             cached = [] if wants_scores(seq) else bm.match_prefix(seq)
             num_hit = len(cached) * bm.block_size
             length = min(seq.num_tokens - num_hit, budget)
             if not bm.allocate(seq, length, cached):
-                return self._admitted(num_admitted, False, budget)
+                room = False
+                break
             seq.status = SequenceStatus.RUNNING
             bisect.insort(self._running, seq, key=_rank)
             out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, length))
@@ -274,9 +277,6 @@ class Scheduler:
             self._prefill_served += length
             context += seq.num_tokens
             num_admitted += 1
-        return self._admitted(num_admitted, True, budget)
-
-    def _admitted(self, num_admitted: int, room: bool, budget: int) -> tuple[bool, int]:
         del self._waiting[:num_admitted]
         return room, budget
 
