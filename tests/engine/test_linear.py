@@ -144,3 +144,50 @@ def test_this_cpus_onednn_rows_agree_from_the_count_found() -> None:
     full = lin(x)
     assert 1 <= rows <= 16
     assert all(torch.equal(lin(x[:m]), full[:m]) for m in range(rows, 64))
+
+
+def test_native_bf16_is_read_from_the_cpus_flags(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    info = tmp_path / "cpuinfo"
+    info.write_text("flags\t\t: fpu sse2 avx2 avx512f avx512_vnni\n")
+    assert not linear.cpu_has_native_bf16(info)
+    info.write_text("flags\t\t: fpu avx2 avx512f avx512_bf16 avx512_vnni\n")
+    assert linear.cpu_has_native_bf16(info)
+    info.write_text("flags\t\t: fpu avx2 amx_tile amx_bf16\n")
+    assert linear.cpu_has_native_bf16(info)
+    assert not linear.cpu_has_native_bf16(tmp_path / "missing")
+
+
+def test_a_wrong_bf16_op_is_refused() -> None:
+    assert linear.bf16_mismatch(_Ops(_Pointwise())) is None
+    for name in ("NaN", "transposed", "raises"):
+        assert linear.bf16_mismatch(_Ops(WRONG[name])) is not None, name
+    off = _Pointwise(plain=lambda x, w, b, *_: _mm(x, w, b) + 1.0)
+    assert "differs" in (linear.bf16_mismatch(_Ops(off)) or "")
+
+
+def test_bf16_is_off_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(linear.ENV, raising=False)
+    linear.bf16_gemms.cache_clear()
+    try:
+        layer = Linear(torch.randn(8, 16))
+        assert not layer.bf16
+        assert layer(torch.randn(3, 16)).dtype == torch.float32
+    finally:
+        linear.bf16_gemms.cache_clear()
+
+
+def test_bf16_linear_is_the_bf16_product_and_batch_invariant(bf16_gemms: None) -> None:
+    g = torch.Generator().manual_seed(5)
+    weight, bias = torch.randn(96, 64, generator=g) * 0.1, torch.randn(96, generator=g)
+    layer = Linear(weight, bias)
+    head = Linear(weight, allow_bf16=False)  # the lm_head's: stays fp32
+    assert layer.bf16 and not head.bf16
+    x, h = torch.randn(40, 64, generator=g), torch.randn(40, 96, generator=g)
+    want = x.bfloat16().float() @ weight.bfloat16().float().t() + bias.bfloat16().float()
+    got = layer(x)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
+    assert not torch.equal(got, torch.addmm(bias, x, weight.t()))  # it did run in bfloat16
+    torch.testing.assert_close(layer.residual(h.clone(), x), h + got, rtol=1e-5, atol=1e-5)
+    rows = linear.exact_min_rows([layer], 16)
+    assert all(torch.equal(layer(x[:m]), got[:m]) for m in range(rows, 40))

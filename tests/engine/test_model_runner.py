@@ -259,3 +259,17 @@ def test_attention_choice_that_cannot_run_names_the_reason(
     with pytest.raises(ValueError, match="attention must be one of auto, flash-attn, triton, torch"):
         ModelRunner(llama, EngineConfig(num_blocks=8, device="cpu", attention="sdpa"))
     assert ModelRunner(llama, EngineConfig(num_blocks=8, device="cpu")).attention.name == "torch"
+
+
+def test_bf16_gemms_keep_logits_independent_of_the_batch(llama: LlamaForCausalLM, bf16_gemms: None) -> None:
+    """CONVEYOR_CPU_GEMM=bf16: other numbers than fp32's, close to them, and still the same bits
+    for a sequence whatever runs beside it."""
+    runner = _runner(llama)
+    assert runner.model.layers[0].qkv.bf16 and not runner.model.lm_head.bf16
+    alone = _trace(runner, [11], 5)
+    for others in ([3], [7] * 20, [2, 40, 9, 9, 1]):
+        together = _trace(_runner(llama), [11, *others], 5)
+        assert all(torch.equal(a, b) for a, b in zip(alone, together, strict=True)), others
+    fp32 = _reference(llama, _prompt(11, random.Random(3)))  # _trace's first prompt, prefilled
+    assert not torch.equal(alone[0], fp32)
+    torch.testing.assert_close(alone[0], fp32, rtol=0.05, atol=0.05 * float(fp32.abs().max()))
