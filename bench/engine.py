@@ -16,7 +16,8 @@ Systems: (a) HF `generate` one request at a time (on the first --one-at-a-time r
 does not depend on how many), (b) HF `generate` in padded static batches of 16 (each batch runs
 until its longest output), (c) this engine. Model FLOP utilisation = model FLOPs per second
 (2 × parameters used per token, per token processed) ÷ the fp32 matmul peak measured here: the
-fastest of torch.mm (MKL) and oneDNN on a 2048 × 2048 matmul. With several
+fastest of torch.mm (MKL) and oneDNN on a 2048 × 2048 matmul (the bf16 peak, oneDNN's, under
+CONVEYOR_CPU_GEMM=bf16: `CONVEYOR_CPU_GEMM=bf16 bench/engine.py` measures that mode). With several
 --max-batch-prefill-tokens the engine runs the workload once per budget, in that order, in one
 process; each run prints TTFT p50/p99 (from submitting all requests to a request's first token)
 and TPOT p50 (mean time per token after the first, per request). --fused does the same for the
@@ -44,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.config import EngineConfig  # noqa: E402
 from engine.engine import Engine  # noqa: E402
 from engine.loader import resolve_model  # noqa: E402
-from engine.model.linear import Linear  # noqa: E402
+from engine.model.linear import Linear, bf16_gemms  # noqa: E402
 from engine.params import StoppingParams  # noqa: E402
 
 
@@ -87,13 +88,15 @@ def matmul_peak(seconds: float = 3.0) -> dict[str, float]:
 
     torch.mm runs MKL's sgemm; oneDNN, which the engine uses on CPU, is faster on some CPUs (on
     the AMD EPYC of the development machine 212 against 176 GFLOP/s). Utilisation is reported
-    against the fastest of them, so that a faster library cannot inflate it.
+    against the fastest of them, so that a faster library cannot inflate it. Under
+    CONVEYOR_CPU_GEMM=bf16 the engine's own GEMM is oneDNN's in bfloat16, and so is its candidate
+    (named so): utilisation is then against the bfloat16 peak.
     """
     a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
     candidates = {"torch.mm (MKL)": lambda: a @ b}
     linear = Linear(b.t().contiguous())  # the engine's own GEMM: x @ weight.T = a @ b
     if linear.packed:
-        candidates["oneDNN"] = lambda: linear(a)
+        candidates["oneDNN bf16" if linear.bf16 else "oneDNN"] = lambda: linear(a)
     peaks = {}
     for name, matmul in candidates.items():
         matmul()
@@ -218,11 +221,12 @@ def main() -> None:
     budgets = [int(b) for b in args.max_batch_prefill_tokens.split(",")]
     torch.set_num_threads(args.threads)
 
-    print("measuring the fp32 matmul peak ...", file=sys.stderr)
+    kind = "bf16" if bf16_gemms() else "fp32"
+    print(f"measuring the {kind} matmul peak ...", file=sys.stderr)
     peaks = matmul_peak()
     peak = max(peaks.values())
     measured = ", ".join(f"{name} {flops / 1e9:.0f}" for name, flops in peaks.items())
-    print(f"fp32 matmul peak: {peak / 1e9:.0f} GFLOP/s on {args.threads} threads ({measured})")
+    print(f"{kind} matmul peak: {peak / 1e9:.0f} GFLOP/s on {args.threads} threads ({measured})")
     source = resolve_model(None)
     engine = Engine.from_pretrained(source.path, EngineConfig(enable_prefix_caching=False,
                                                               kv_cache_memory=4 * 1024**3))
