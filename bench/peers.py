@@ -18,6 +18,7 @@ per workload, each figure's ratio to Conveyor's; a peer that cannot run is named
     .venv/bin/python bench/peers.py --out /tmp/peers-all            # everything (HF: all 64, slow)
     .venv/bin/python bench/peers.py --hf-num-prompts 16 --hf-workloads peer,mixed --no-vllm-client  # ~10 min
     .venv/bin/python bench/peers.py --workloads peer --systems conveyor,vllm --no-vllm-client
+    .venv/bin/python bench/peers.py --dtype bf16 --systems conveyor,vllm --no-vllm-client  # both in bfloat16
     .venv/bin/python bench/peers.py --num-prompts 8 --hf-num-prompts 4    # a smoke run
 """
 
@@ -53,6 +54,14 @@ EXTRA_WORKLOADS = ("prefill",)  # diagnostics, run only when named in --workload
 PEERS_DIR = next((d for d in (REPO.parent / "shared" / "peers", REPO.parents[1] / "shared" / "peers")
                   if d.is_dir()), REPO.parent / "shared" / "peers")
 CONVEYOR_A, CONVEYOR_B = "Conveyor a (`conveyor serve`)", "Conveyor b (drift: × a)"
+
+
+def dtype_envs(dtype: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The environment of Conveyor's server and of serve-vllm.sh for --dtype: fp32 both (vLLM told
+    so explicitly), or bf16 (Conveyor's bfloat16 GEMMs, vLLM's whole model in bfloat16)."""
+    if dtype == "bf16":
+        return {"CONVEYOR_CPU_GEMM": "bf16"}, {"DTYPE": "bfloat16"}
+    return {}, {"DTYPE": "float32"}
 
 
 def workloads(args: argparse.Namespace) -> dict[str, tuple[list[Request], float]]:
@@ -93,6 +102,10 @@ def main() -> int:
     p.add_argument("--poisson-rate", type=float, default=4.0, help="req/s [default: %(default)s]")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-aba", dest="aba", action="store_false", help="Conveyor once, not before and after")
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+                   help="bf16: Conveyor with CONVEYOR_CPU_GEMM=bf16 (its GEMMs in bfloat16; needs a CPU with "
+                        "AVX512_BF16 or AMX), vLLM with --dtype bfloat16 (its whole model); HF stays fp32 "
+                        "[default: %(default)s]")
     p.add_argument("--model-dir", type=Path, default=None,
                    help="converted weights [default: Conveyor's default]")
     p.add_argument("--peers-dir", type=Path, default=PEERS_DIR,
@@ -123,6 +136,7 @@ def main() -> int:
     conveyor = [sys.executable, "-m", "launcher.cli", "serve", "--no-enable-prefix-caching", "--model",
                 str(args.model_dir), "--worker-metrics-port", "0", "--webhook-metrics-port", "0",
                 "--port", "18300", "--sse-keepalive-s", "0"]
+    conveyor_env, vllm_env = dtype_envs(args.dtype)
     stopped: list[str] = []
 
     def attempt(label: str, fn: Callable[[], Any], into: Callable[[Any], None]) -> None:
@@ -141,7 +155,7 @@ def main() -> int:
 
     def conveyor_leg(label: str, own_client: bool) -> Callable[[], Any]:
         def leg() -> dict[str, dict[str, Any]]:
-            with server(conveyor, "http://127.0.0.1:18300/ready", args.out / f"{label}.log"):
+            with server(conveyor, "http://127.0.0.1:18300/ready", args.out / f"{label}.log", conveyor_env):
                 results = measure_all(label, 18300, loads, args)
                 if own_client:
                     attempt("Conveyor a, vllm bench serve client",
@@ -154,7 +168,7 @@ def main() -> int:
         if not vllm_ok:
             raise PeerUnavailable(f"no vLLM at {args.vllm_venv}: run ../shared/peers/setup-vllm.sh")
         env = {"VENV": str(args.vllm_venv), "MODEL": str(args.model_dir), "PORT": "18301",
-               "VLLM_CPU_OMP_THREADS_BIND": "0-1"}
+               "VLLM_CPU_OMP_THREADS_BIND": "0-1", **vllm_env}
         with server(["bash", str(args.peers_dir / "serve-vllm.sh"), "--no-enable-prefix-caching"],
                     "http://127.0.0.1:18301/v1/models", args.out / "vllm.log", env, timeout_s=900):
             results = measure_all("vllm", 18301, loads, args)

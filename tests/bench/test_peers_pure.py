@@ -143,3 +143,10 @@ def test_the_sitting_s_workloads(tiny_model_dir) -> None:  # type: ignore[no-unt
     (prefill, inf3), = workloads(args).values()
     assert math.isinf(inf3)
     assert [r.prompt for r in prefill] == [r.prompt for r in mixed] and {r.output_len for r in prefill} == {1}
+
+
+def test_dtype_sets_both_servers_alike() -> None:
+    from bench.peers import dtype_envs
+
+    assert dtype_envs("bf16") == ({"CONVEYOR_CPU_GEMM": "bf16"}, {"DTYPE": "bfloat16"})
+    assert dtype_envs("fp32") == ({}, {"DTYPE": "float32"})
