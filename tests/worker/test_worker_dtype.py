@@ -18,4 +18,4 @@ class _Runner:
 def test_the_gemms_dtype_is_named_only_when_it_differs() -> None:
     assert _dtype(_Runner(torch.float32)) == "float32"
     assert _dtype(_Runner(torch.bfloat16)) == "bfloat16"
-    assert _dtype(_Runner(torch.float32, "bfloat16")) == "float32, bfloat16 GEMMs"
+    assert _dtype(_Runner(torch.float32, "bfloat16")) == "float32 (bfloat16 GEMMs)"
