@@ -104,7 +104,7 @@ class ModelRunner:
     @property
     def gemm_dtype_name(self) -> str:
         """The layers' GEMM dtype where it is not the model's (CONVEYOR_CPU_GEMM=bf16), else ''."""
-        gemm = getattr(self.model, "gemm_dtype", self.dtype)
+        gemm = self.model.gemm_dtype
         return "" if gemm == self.dtype else str(gemm).removeprefix("torch.")
 
     @classmethod

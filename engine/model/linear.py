@@ -87,12 +87,18 @@ def bf16_mismatch(ops: Any) -> str | None:
         got = ops._linear_pointwise(x, ops._reorder_linear_weight(weight, _PACK_ROWS), None, "none", [], "")
     except Exception as exc:  # noqa: BLE001 - any failure means: do not use it
         return f"the op failed on a 5x48 test matrix ({type(exc).__name__}: {exc})"
-    if not isinstance(got, torch.Tensor) or got.shape != want.shape:
-        shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
-        return f"a 5x48 test matrix gave {shape}, want {tuple(want.shape)}"
-    error = (got.float() - want).abs().max().item()
-    if not error <= 1e-2 * (1 + want.abs().max().item()):  # bfloat16 keeps 8 bits; also catches NaN
-        return f"a 5x48 test matrix differs by up to {error:.3g}"
+    # bfloat16 keeps 8 bits of mantissa: its outputs are rounded to that
+    return _disagreement("bf16 linear", got, want, "the fp32 product of its inputs", 1e-2)
+
+
+def _disagreement(name: str, out: object, ref: torch.Tensor, what: str, tolerance: float) -> str | None:
+    """Why `out` is not `ref` within `tolerance` (relative to ref's largest value), or None."""
+    if not isinstance(out, torch.Tensor) or out.shape != ref.shape:
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        return f"{name} on a 5x48 test matrix gave shape {shape}, {what} {tuple(ref.shape)}"
+    error = (out.float() - ref).abs().max().item()
+    if not error <= tolerance * (1 + ref.abs().max().item()):  # also catches NaN
+        return f"{name} on a 5x48 test matrix differs from {what} by up to {error:.3g}"
     return None
 
 
@@ -131,12 +137,9 @@ def onednn_mismatch(ops: Any) -> str | None:
     except Exception as exc:  # noqa: BLE001 - any failure means: do not use it
         return f"the op failed on a 5x48 test matrix ({type(exc).__name__}: {exc})"
     for name, out, ref in (("linear", got, want), ("linear + residual", got_residual, h + want)):
-        if not isinstance(out, torch.Tensor) or out.shape != ref.shape:
-            shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            return f"{name} on a 5x48 test matrix gave shape {shape}, torch {tuple(ref.shape)}"
-        error = (out - ref).abs().max().item()
-        if not error <= 1e-4 * (1 + ref.abs().max().item()):  # also catches NaN
-            return f"{name} on a 5x48 test matrix differs from torch.mm by up to {error:.3g}"
+        reason = _disagreement(name, out, ref, "torch.mm", 1e-4)
+        if reason is not None:
+            return reason
     return None
 
 
