@@ -24,6 +24,10 @@ class EngineConfig:
     kv_cache_fraction: float = 0.3
     num_blocks: int | None = None  # overrides the memory budget (tests)
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
+    # The KV cache's element type (TGI's --kv-cache-dtype): auto, the model's dtype, or bfloat16,
+    # which halves the bytes decode attention streams and doubles the blocks a budget holds; the
+    # CPU kernels widen it to fp32 as they load it.
+    kv_cache_dtype: str = "auto"
     device: str = "auto"  # auto: cuda when available, else cpu
     # auto, flash-attn, triton or torch: engine/attention/__init__.py's select_attention.
     attention: str = "auto"

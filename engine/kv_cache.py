@@ -81,7 +81,8 @@ class KVCache:
         return self.num_blocks * self.block_size
 
     def summary(self) -> str:
-        return f"{self.num_blocks} blocks = {self.num_tokens} tokens ({self.bytes / _GIB:.2f} GiB)"
+        dtype = str(self.dtype).removeprefix("torch.")
+        return f"{self.num_blocks} blocks = {self.num_tokens} tokens ({self.bytes / _GIB:.2f} GiB, {dtype})"
 
 
 def bytes_per_block(

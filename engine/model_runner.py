@@ -42,6 +42,22 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
+def resolve_kv_dtype(name: str, dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The KV cache's element type for kv_cache_dtype `name` beside the model's `dtype`: auto is
+    the model's; bfloat16 below an fp32 model only on CPU, whose kernels widen it as they load."""
+    if name == "auto" or _DTYPES.get(name) == dtype:
+        return dtype
+    if name != "bfloat16":
+        raise ValueError(f"kv_cache_dtype must be auto or bfloat16, got {name!r}")
+    if device.type != "cpu" or dtype != torch.float32:
+        model = str(dtype).removeprefix("torch.")
+        raise ValueError(
+            f"kv_cache_dtype bfloat16 with a {model} model on {device.type} is not supported: use it on "
+            "CPU with the float32 model, or set dtype bfloat16 (the cache follows)"
+        )
+    return torch.bfloat16
+
+
 class ModelRunner:
     """A Llama-family model, its KV cache and its attention backend on one device.
 
@@ -63,7 +79,8 @@ class ModelRunner:
         m = self.model
         self.vocab_size = m.vocab_size
         self.max_model_len = m.max_positions  # positions the model was trained for
-        per_block = bytes_per_block(m.num_layers, self.block_size, m.num_kv_heads, m.head_dim, self.dtype)
+        self.kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, self.dtype, self.device)
+        per_block = bytes_per_block(m.num_layers, self.block_size, m.num_kv_heads, m.head_dim, self.kv_dtype)
         self.num_blocks = plan_num_blocks(config, per_block, self.device)
         geometry = AttentionGeometry(
             num_heads=m.num_heads,
@@ -73,6 +90,7 @@ class ModelRunner:
             num_blocks=self.num_blocks,
             device=self.device,
             dtype=self.dtype,
+            kv_dtype=self.kv_dtype,
         )
         self.attention = select_attention(geometry, config.attention)
         self.cache = KVCache(
@@ -80,7 +98,7 @@ class ModelRunner:
             self.num_blocks,
             self.block_size,
             self.attention.cache_shape(),
-            self.dtype,
+            self.kv_dtype,
             self.device,
         )
         self.graphs = None

@@ -51,6 +51,7 @@ def engine_config(settings: Settings):  # type: ignore[no-untyped-def]
         enable_prefix_caching=settings.enable_prefix_caching,
         kv_cache_memory=settings.kv_cache_bytes,
         kv_cache_fraction=settings.kv_cache_fraction,
+        kv_cache_dtype=settings.kv_cache_dtype,
         device=settings.device,
         attention=settings.attention,
         cuda_graphs=settings.cuda_graph_sizes(),

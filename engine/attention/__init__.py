@@ -25,7 +25,12 @@ class AttentionGeometry:
     block_size: int
     num_blocks: int  # usable blocks; block `num_blocks` is the cache's scratch block
     device: torch.device
-    dtype: torch.dtype
+    dtype: torch.dtype  # of queries, keys and values as the model computes them
+    kv_dtype: torch.dtype | None = None  # the cache's element type; None: dtype
+
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        return self.kv_dtype or self.dtype
 
     @property
     def scale(self) -> float:

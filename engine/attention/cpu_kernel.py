@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).with_name("paged_decode.cpp")
 _PREFILL = Path(__file__).with_name("paged_prefill.cpp")  # a torch op in the same module
-_HEADERS = [Path(__file__).with_name(name) for name in ("simd_avx2.h", "simd_avx512.h")]
+_HEADERS = [Path(__file__).with_name(name) for name in ("simd_avx2.h", "simd_avx512.h", "kv_load.h")]
 ENV = "CONVEYOR_CPU_ATTENTION"
 INSTALL_HINT = "install a C++ compiler and the Python headers (e.g. apt-get install g++ python3-dev)"
 _unavailable: str | None = None  # why the last load() gave None

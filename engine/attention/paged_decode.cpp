@@ -7,7 +7,9 @@
 // and the kernel reads it front to back. Decode attention is bound by how fast K/V stream in; this
 // CPU's prefetchers stream contiguous runs at more than twice the rate of the 256-byte pieces, 768
 // bytes apart, that a token-major layout gives one head. K transposed lets the scores of a block's
-// tokens be computed side by side in SIMD lanes, with no horizontal sums.
+// tokens be computed side by side in SIMD lanes, with no horizontal sums. Elements are fp32, or
+// bfloat16 (--kv-cache-dtype bfloat16: half the bytes to stream), widened exactly as they are
+// loaded (kv_load.h); every sum and product is fp32 either way.
 //
 // One task = one partition of a row: its context split into runs of `partition` tokens counted from
 // the row's first attended position (like vLLM's paged attention v2), so that a batch of ragged
@@ -33,17 +35,22 @@
 #include <memory>
 #include <vector>
 
+#include "kv_load.h"
 #include "simd_avx2.h"
 #include "simd_avx512.h"
 
 namespace {
 
+using conveyor_kv::bf16_bits;
+using conveyor_kv::to_float;
 #ifdef CONVEYOR_SIMD_AVX2
+using conveyor_kv::load8;
 // The same exp polynomial and reduction as the prefill kernel (simd_avx2.h).
 using conveyor_simd::exp8;
 using conveyor_simd::hsum8;
 #endif
 #ifdef CONVEYOR_SIMD_AVX512
+using conveyor_kv::load16;
 using conveyor_simd::exp16;
 using conveyor_simd::first_lanes;
 using conveyor_simd::hmax16;
@@ -53,8 +60,9 @@ using conveyor_simd::hsum16;
 // Scores of one block's tokens [off, off + n) against the group's G queries, K stored transposed
 // within the block ([D, bs]): s[g * ld + t - off]. Vectorised over tokens: for each dimension d, one
 // load of K's row d serves every query of the group (a broadcast of q[g][d] each), and no
-// horizontal sums are needed. Lanes past n are computed and dropped.
-inline void score_block(const float* q, const float* kt, int64_t bs, int64_t off, int64_t n, int64_t G,
+// horizontal sums are needed. Lanes past n are computed and dropped. T: the cache's element (kv_load.h).
+template <typename T>
+inline void score_block(const float* q, const T* kt, int64_t bs, int64_t off, int64_t n, int64_t G,
                         int64_t D, int64_t ld, float* s) {
 #ifdef CONVEYOR_SIMD_AVX512
   if (bs == 16 && D % 4 == 0) {
@@ -71,7 +79,7 @@ inline void score_block(const float* q, const float* kt, int64_t bs, int64_t off
       for (int64_t d = 0; d < D; d += 4) {
 #pragma GCC unroll 4
         for (int u = 0; u < 4; ++u) {
-          const __m512 k = _mm512_loadu_ps(kt + (d + u) * 16);
+          const __m512 k = load16(kt + (d + u) * 16);
 #pragma GCC unroll 3
           for (int j = 0; j < 3; ++j) acc[j][u] = _mm512_fmadd_ps(_mm512_set1_ps(qg[j][d + u]), k, acc[j][u]);
         }
@@ -99,15 +107,15 @@ inline void score_block(const float* q, const float* kt, int64_t bs, int64_t off
       __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00;
       __m256 b00 = a00, b01 = a00, b10 = a00, b11 = a00, b20 = a00, b21 = a00;
       for (int64_t d = 0; d < D; d += 2) {
-        const float* row = kt + d * bs;
-        __m256 k0 = _mm256_loadu_ps(row), k1 = _mm256_loadu_ps(row + 8);
+        const T* row = kt + d * bs;
+        __m256 k0 = load8(row), k1 = load8(row + 8);
         __m256 x = _mm256_broadcast_ss(q0 + d);
         a00 = _mm256_fmadd_ps(x, k0, a00); a01 = _mm256_fmadd_ps(x, k1, a01);
         x = _mm256_broadcast_ss(q1 + d);
         a10 = _mm256_fmadd_ps(x, k0, a10); a11 = _mm256_fmadd_ps(x, k1, a11);
         x = _mm256_broadcast_ss(q2 + d);
         a20 = _mm256_fmadd_ps(x, k0, a20); a21 = _mm256_fmadd_ps(x, k1, a21);
-        k0 = _mm256_loadu_ps(row + bs); k1 = _mm256_loadu_ps(row + bs + 8);
+        k0 = load8(row + bs); k1 = load8(row + bs + 8);
         x = _mm256_broadcast_ss(q0 + d + 1);
         b00 = _mm256_fmadd_ps(x, k0, b00); b01 = _mm256_fmadd_ps(x, k1, b01);
         x = _mm256_broadcast_ss(q1 + d + 1);
@@ -127,7 +135,7 @@ inline void score_block(const float* q, const float* kt, int64_t bs, int64_t off
   for (int64_t g = 0; g < G; ++g)
     for (int64_t t = 0; t < n; ++t) {
       float acc = 0.f;
-      for (int64_t d = 0; d < D; ++d) acc += q[g * D + d] * kt[d * bs + off + t];
+      for (int64_t d = 0; d < D; ++d) acc += q[g * D + d] * to_float(kt[d * bs + off + t]);
       s[g * ld + t] = acc;
     }
 }
@@ -159,8 +167,8 @@ inline void exp_shift(float* p, int64_t n, float m) {
 #ifdef CONVEYOR_SIMD_AVX512
 // o[g] += sum_t p[g][t] * v[t] for up to three queries of the group at once over J * 16 floats of
 // the head: each V load serves all of them, 3 * J independent chains.
-template <int J>
-inline void accumulate16(float* o, const float* p, const float* v, int64_t stride, int64_t n, int64_t gn,
+template <int J, typename T>
+inline void accumulate16(float* o, const float* p, const T* v, int64_t stride, int64_t n, int64_t gn,
                          int64_t D, int64_t ld) {
   const float* pg[3] = {p, p + std::min<int64_t>(1, gn - 1) * ld, p + (gn - 1) * ld};
   __m512 acc[3][J];
@@ -168,9 +176,9 @@ inline void accumulate16(float* o, const float* p, const float* v, int64_t strid
   for (int g = 0; g < 3; ++g)
     for (int j = 0; j < J; ++j) acc[g][j] = _mm512_loadu_ps(o + std::min<int64_t>(g, gn - 1) * D + 16 * j);
   for (int64_t t = 0; t < n; ++t) {
-    const float* vt = v + t * stride;
+    const T* vt = v + t * stride;
     __m512 vj[J];
-    for (int j = 0; j < J; ++j) vj[j] = _mm512_loadu_ps(vt + 16 * j);
+    for (int j = 0; j < J; ++j) vj[j] = load16(vt + 16 * j);
 #pragma GCC unroll 3
     for (int g = 0; g < 3; ++g) {
       const __m512 pt = _mm512_set1_ps(pg[g][t]);
@@ -187,7 +195,8 @@ inline void accumulate16(float* o, const float* p, const float* v, int64_t strid
 
 // o[g] += sum_t p[g][t] * v[t] over the block's n tokens. Up to 64 floats of o[g] stay in registers
 // while t runs: eight independent chains, and o is loaded and stored once per block.
-inline void accumulate(float* o, const float* p, const float* v, int64_t stride, int64_t n, int64_t G,
+template <typename T>
+inline void accumulate(float* o, const float* p, const T* v, int64_t stride, int64_t n, int64_t G,
                        int64_t D, int64_t ld) {
 #ifdef CONVEYOR_SIMD_AVX512
   if (D % 16 == 0) {
@@ -210,21 +219,21 @@ inline void accumulate(float* o, const float* p, const float* v, int64_t stride,
       for (int j = 0; j < 8; ++j) acc[j] = _mm256_loadu_ps(og + d + 8 * j);
       for (int64_t t = 0; t < n; ++t) {
         const __m256 pt = _mm256_set1_ps(pg[t]);
-        const float* vt = v + t * stride + d;
-        for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(vt + 8 * j), acc[j]);
+        const T* vt = v + t * stride + d;
+        for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(pt, load8(vt + 8 * j), acc[j]);
       }
       for (int j = 0; j < 8; ++j) _mm256_storeu_ps(og + d + 8 * j, acc[j]);
     }
     for (; d + 8 <= D; d += 8) {
       __m256 acc = _mm256_loadu_ps(og + d);
       for (int64_t t = 0; t < n; ++t)
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(pg[t]), _mm256_loadu_ps(v + t * stride + d), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(pg[t]), load8(v + t * stride + d), acc);
       _mm256_storeu_ps(og + d, acc);
     }
 #endif
     for (; d < D; ++d) {
       float acc = og[d];
-      for (int64_t t = 0; t < n; ++t) acc += pg[t] * v[t * stride + d];
+      for (int64_t t = 0; t < n; ++t) acc += pg[t] * to_float(v[t * stride + d]);
       og[d] = acc;
     }
   }
@@ -300,12 +309,10 @@ void reduce_row(const float* part_out, const float* part_max, const float* part_
 // q [rows, heads, D]; caches [blocks, kv, bs, D] (K's last two dims hold [D, bs]); tables [rows, width] int32; context [rows] int32.
 // Row r attends to positions [max(0, ctx - window), ctx) (window < 0: no window), in partitions of
 // `partition` tokens.
-at::Tensor paged_decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor tables,
-                        at::Tensor context, double scale, int64_t window, int64_t partition) {
-  TORCH_CHECK(q.dim() == 3 && q.is_contiguous() && q.scalar_type() == at::kFloat, "q: contiguous fp32 [rows, heads, D]");
-  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.scalar_type() == at::kFloat &&
-                  v_cache.scalar_type() == at::kFloat && k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(),
-              "caches: contiguous fp32 [blocks, kv_heads, block_size, D]");
+// T: the caches' element, float or bf16_bits (kv_load.h); paged_decode below checks and dispatches.
+template <typename T>
+at::Tensor decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor tables, at::Tensor context,
+                  double scale, int64_t window, int64_t partition) {
   TORCH_CHECK(tables.scalar_type() == at::kInt && tables.is_contiguous() && tables.dim() == 2, "tables: int32 [rows, width]");
   TORCH_CHECK(context.scalar_type() == at::kInt && context.is_contiguous(), "context: int32 [rows]");
   TORCH_CHECK(partition > 0, "partition: tokens per partition, > 0");
@@ -315,8 +322,8 @@ at::Tensor paged_decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at
   const int64_t G = H / KV, width = tables.size(1), head_stride = bs * D, block_stride = KV * bs * D;
   auto out = at::empty_like(q);
   const float* qp = q.data_ptr<float>();
-  const float* kp = k_cache.data_ptr<float>();
-  const float* vp = v_cache.data_ptr<float>();
+  const T* kp = static_cast<const T*>(k_cache.data_ptr());
+  const T* vp = static_cast<const T*>(v_cache.data_ptr());
   const int32_t* tp = tables.data_ptr<int32_t>();
   const int32_t* cp = context.data_ptr<int32_t>();
   float* op = out.data_ptr<float>();
@@ -370,7 +377,7 @@ at::Tensor paged_decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at
       std::fill(o.begin(), o.end(), 0.f);
       for (int64_t pos = task.lo; pos < task.hi;) {  // pass 1: scores, s[(kv head * G + g) * n_ctx + pos - lo]
         const int64_t b = pos / bs, off = pos % bs, n = std::min(bs - off, task.hi - pos);
-        const float* kb = kp + tp[r * width + b] * block_stride;
+        const T* kb = kp + tp[r * width + b] * block_stride;
         for (int64_t h = 0; h < KV; ++h)
           score_block(qs.data() + h * G * D, kb + h * head_stride, bs, off, n, G, D, n_ctx,
                       s.data() + h * G * n_ctx + (pos - task.lo));
@@ -391,7 +398,7 @@ at::Tensor paged_decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at
       }
       for (int64_t pos = task.lo; pos < task.hi;) {  // pass 2: o = p @ V
         const int64_t b = pos / bs, off = pos % bs, n = std::min(bs - off, task.hi - pos);
-        const float* vb = vp + tp[r * width + b] * block_stride + off * D;
+        const T* vb = vp + tp[r * width + b] * block_stride + off * D;
         for (int64_t h = 0; h < KV; ++h)
           accumulate(o.data() + h * G * D, s.data() + h * G * n_ctx + (pos - task.lo), vb + h * head_stride, D, n,
                      G, D, n_ctx);
@@ -414,6 +421,17 @@ at::Tensor paged_decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at
   return out;
 }
 
+at::Tensor paged_decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor tables,
+                        at::Tensor context, double scale, int64_t window, int64_t partition) {
+  TORCH_CHECK(q.dim() == 3 && q.is_contiguous() && q.scalar_type() == at::kFloat, "q: contiguous fp32 [rows, heads, D]");
+  const auto kind = k_cache.scalar_type();
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && (kind == at::kFloat || kind == at::kBFloat16) &&
+                  v_cache.scalar_type() == kind && k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(),
+              "caches: contiguous fp32 or bf16 (both the same) [blocks, kv_heads, block_size, D]");
+  if (kind == at::kBFloat16) return decode<bf16_bits>(q, k_cache, v_cache, tables, context, scale, window, partition);
+  return decode<float>(q, k_cache, v_cache, tables, context, scale, window, partition);
+}
+
 // The widest vector paths this build compiled (it is built with -march=native for this CPU).
 const char* simd() {
 #if defined(CONVEYOR_SIMD_AVX512)
@@ -429,7 +447,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("simd", &simd, "the widest SIMD paths compiled in: avx512, avx2 or scalar");
   // partition: 256 tokens, as vLLM's 512 halved for 2-16 CPU threads: a 768-token row is 3 tasks; smaller adds
   // reductions, larger leaves threads idle on a few long rows (bench/decode_attention.py sweeps it).
-  m.def("paged_decode", &paged_decode, "paged decode attention (fp32, CPU)", py::arg("q"), py::arg("k_cache"),
+  m.def("paged_decode", &paged_decode, "paged decode attention (fp32 queries, fp32 or bf16 cache; CPU)", py::arg("q"), py::arg("k_cache"),
         py::arg("v_cache"), py::arg("tables"), py::arg("context"), py::arg("scale"), py::arg("window"),
         py::arg("partition") = 256);
 }

@@ -1,6 +1,6 @@
 // Paged prefill attention on CPU: every prefill chunk of a step in one call, K/V read in place
 // through the block tables (layout: see paged_decode.cpp; K is [head_dim, block_size] per block
-// and head). The torch path gathers each chunk's context and runs SDPA chunk by chunk (~60 GFLOP/s
+// and head; elements fp32 or bfloat16, widened as loaded). The torch path gathers each chunk's context and runs SDPA chunk by chunk (~60 GFLOP/s
 // on causal chunks); here a step's chunks are cut into tasks that run side by side.
 //
 // One task = (chunk, KV head, tile of up to kTile query rows). The tile's G * rows query vectors
@@ -25,19 +25,25 @@
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
+#include "kv_load.h"
 #include "simd_avx2.h"
 #include "simd_avx512.h"
 
 namespace {
 
+using conveyor_kv::bf16_bits;
+using conveyor_kv::to_float;
 #ifdef CONVEYOR_SIMD_AVX2
+using conveyor_kv::load8;
 using conveyor_simd::exp8;
 using conveyor_simd::hmax8;
 using conveyor_simd::hsum8;
 #endif
 #ifdef CONVEYOR_SIMD_AVX512
+using conveyor_kv::load16;
 using conveyor_simd::exp16;
 using conveyor_simd::hmax16;
 using conveyor_simd::hsum16;
@@ -129,7 +135,9 @@ inline float softmax_span(float* sn, int64_t L, int64_t a, int64_t e, float& m) 
 
 // s[n * ld + t] = q[n] . k[t] for the block's bs tokens (all lanes; masking comes later). K is
 // [D, bs]: for each dimension one load of K's row serves six query vectors, twelve FMA chains.
-void scores(const float* q, const float* kt, int64_t N, int64_t D, int64_t bs, int64_t ld, float* s) {
+// T: the cache's element (kv_load.h).
+template <typename T>
+void scores(const float* q, const T* kt, int64_t N, int64_t D, int64_t bs, int64_t ld, float* s) {
 #ifdef CONVEYOR_SIMD_AVX512
   if (bs == 16) {  // K's row of 16 tokens in one zmm, serving twelve query vectors: twelve chains
     for (int64_t n0 = 0; n0 < N; n0 += 12) {
@@ -140,7 +148,7 @@ void scores(const float* q, const float* kt, int64_t N, int64_t D, int64_t bs, i
 #pragma GCC unroll 12
       for (int j = 0; j < 12; ++j) acc[j] = _mm512_setzero_ps();
       for (int64_t d = 0; d < D; ++d) {
-        const __m512 k = _mm512_loadu_ps(kt + d * 16);
+        const __m512 k = load16(kt + d * 16);
 #pragma GCC unroll 12
         for (int j = 0; j < 12; ++j) acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(qj[j][d]), k, acc[j]);
       }
@@ -160,7 +168,7 @@ void scores(const float* q, const float* kt, int64_t N, int64_t D, int64_t bs, i
       __m256 lo[6], hi[6];
       for (int j = 0; j < 6; ++j) lo[j] = hi[j] = _mm256_setzero_ps();
       for (int64_t d = 0; d < D; ++d) {
-        const __m256 k0 = _mm256_loadu_ps(kt + d * 16), k1 = _mm256_loadu_ps(kt + d * 16 + 8);
+        const __m256 k0 = load8(kt + d * 16), k1 = load8(kt + d * 16 + 8);
         for (int j = 0; j < 6; ++j) {
           const __m256 x = _mm256_broadcast_ss(qj[j] + d);
           lo[j] = _mm256_fmadd_ps(x, k0, lo[j]);
@@ -182,7 +190,7 @@ void scores(const float* q, const float* kt, int64_t N, int64_t D, int64_t bs, i
   for (int64_t n = 0; n < N; ++n)
     for (int64_t t = 0; t < bs; ++t) {
       float acc = 0.f;
-      for (int64_t d = 0; d < D; ++d) acc += q[n * D + d] * kt[d * bs + t];
+      for (int64_t d = 0; d < D; ++d) acc += q[n * D + d] * to_float(kt[d * bs + t]);
       s[n * ld + t] = acc;
     }
 }
@@ -193,8 +201,8 @@ void scores(const float* q, const float* kt, int64_t N, int64_t D, int64_t bs, i
 #ifdef CONVEYOR_SIMD_AVX512
 // values() for four vectors n0.. (repeats of the last past N, dropped) over J * 16 dimensions from
 // d: each V load serves all four, 4 * J chains.
-template <int J>
-inline void values16(float* o, const float* p, const float* const* vrow, int64_t n0, int64_t nn, int64_t ta,
+template <int J, typename T>
+inline void values16(float* o, const float* p, const T* const* vrow, int64_t n0, int64_t nn, int64_t ta,
                      int64_t te, int64_t d, int64_t D, int64_t L) {
   const float* pj[4];
   float* oj[4];
@@ -208,9 +216,9 @@ inline void values16(float* o, const float* p, const float* const* vrow, int64_t
   for (int i = 0; i < 4; ++i)
     for (int j = 0; j < J; ++j) acc[i][j] = _mm512_loadu_ps(oj[i] + 16 * j);
   for (int64_t t = ta; t < te; ++t) {
-    const float* vt = vrow[t] + d;
+    const T* vt = vrow[t] + d;
     __m512 v[J];
-    for (int j = 0; j < J; ++j) v[j] = _mm512_loadu_ps(vt + 16 * j);
+    for (int j = 0; j < J; ++j) v[j] = load16(vt + 16 * j);
 #pragma GCC unroll 4
     for (int i = 0; i < 4; ++i) {
       const __m512 b = _mm512_set1_ps(pj[i][t]);
@@ -224,7 +232,8 @@ inline void values16(float* o, const float* p, const float* const* vrow, int64_t
 }
 #endif
 
-void values(float* o, const float* p, const float* const* vrow, const int64_t* a, const int64_t* e, int64_t N,
+template <typename T>
+void values(float* o, const float* p, const T* const* vrow, const int64_t* a, const int64_t* e, int64_t N,
             int64_t D, int64_t L) {
 #ifdef CONVEYOR_SIMD_AVX512
   if (D % 16 == 0) {  // four vectors at a time, over the union of their ranges (p = 0 outside each)
@@ -254,9 +263,9 @@ void values(float* o, const float* p, const float* const* vrow, const int64_t* a
       for (int j = 0; j < 4; ++j) y[j] = _mm256_loadu_ps(o + n1 * D + d + 8 * j);
       for (int64_t t = ta; t < te; ++t) {
         const __m256 b0 = _mm256_set1_ps(p0[t]), b1 = _mm256_set1_ps(p1[t]);
-        const float* vt = vrow[t] + d;
+        const T* vt = vrow[t] + d;
         for (int j = 0; j < 4; ++j) {
-          const __m256 vj = _mm256_loadu_ps(vt + 8 * j);
+          const __m256 vj = load8(vt + 8 * j);
           x[j] = _mm256_fmadd_ps(b0, vj, x[j]);
           y[j] = _mm256_fmadd_ps(b1, vj, y[j]);
         }
@@ -269,7 +278,7 @@ void values(float* o, const float* p, const float* const* vrow, const int64_t* a
     for (int64_t n = n0; n <= n1; ++n)  // dimensions left over (D not a multiple of 32)
       for (int64_t dd = d; dd < D; ++dd) {
         float acc = o[n * D + dd];
-        for (int64_t t = ta; t < te; ++t) acc += p[n * L + t] * vrow[t][dd];
+        for (int64_t t = ta; t < te; ++t) acc += p[n * L + t] * to_float(vrow[t][dd]);
         o[n * D + dd] = acc;
       }
   }
@@ -287,15 +296,18 @@ struct Task {
 // [chunks, width] int32; starts, lens [chunks] int32 (chunk c's rows are positions
 // start .. start + len - 1, its context start + len, every key already written to the cache).
 // A row at position p attends to keys (max(0, p - window), p] (window < 0: no window).
-void paged_prefill(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor tables,
-                   at::Tensor starts, at::Tensor lens, double scale, int64_t window, at::Tensor out) {
+// T: the caches' element, float or bf16_bits (kv_load.h); paged_prefill below dispatches.
+template <typename KvT>
+void prefill(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor tables, at::Tensor starts,
+             at::Tensor lens, double scale, int64_t window, at::Tensor out) {
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.stride(2) == 1 && q.stride(1) == q.size(2),
               "q: fp32 [rows, heads, D], each row's heads contiguous");
   TORCH_CHECK(out.is_contiguous() && out.scalar_type() == at::kFloat && out.sizes() == q.sizes(),
               "out: contiguous fp32, q's shape");
-  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.scalar_type() == at::kFloat &&
-                  v_cache.scalar_type() == at::kFloat && k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(),
-              "caches: contiguous fp32 [blocks, kv_heads, block_size, D]");
+  const auto kind = std::is_same_v<KvT, float> ? at::kFloat : at::kBFloat16;
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.scalar_type() == kind &&
+                  v_cache.scalar_type() == kind && k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(),
+              "caches: contiguous fp32 or bf16 (both the same) [blocks, kv_heads, block_size, D]");
   TORCH_CHECK(tables.scalar_type() == at::kInt && tables.is_contiguous() && tables.dim() == 2, "tables: int32 [chunks, width]");
   TORCH_CHECK(starts.scalar_type() == at::kInt && starts.is_contiguous() && lens.scalar_type() == at::kInt &&
                   lens.is_contiguous() && starts.numel() == tables.size(0) && lens.numel() == tables.size(0),
@@ -331,8 +343,8 @@ void paged_prefill(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Ten
 
   const float* qp = q.data_ptr<float>();
   const int64_t q_row = q.stride(0);
-  const float* kp = k_cache.data_ptr<float>();
-  const float* vp = v_cache.data_ptr<float>();
+  const KvT* kp = static_cast<const KvT*>(k_cache.data_ptr());
+  const KvT* vp = static_cast<const KvT*>(v_cache.data_ptr());
   float* op = out.data_ptr<float>();
   const float fscale = static_cast<float>(scale);
   const float neg_inf = -std::numeric_limits<float>::infinity();
@@ -344,7 +356,7 @@ void paged_prefill(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Ten
     const int64_t N_max = kTile * G;
     std::vector<float> qs(N_max * D), o(N_max * D), s(N_max * L), m(N_max), l(N_max);
     std::vector<int64_t> a(N_max), e(N_max);
-    std::vector<const float*> vrow(L);
+    std::vector<const KvT*> vrow(L);
     for (int64_t i; (i = next.fetch_add(1)) < ntasks;) {
       const Task& task = tasks[i];
       const int64_t start = sp[task.chunk], h = task.head, N = task.rows * G;
@@ -366,7 +378,7 @@ void paged_prefill(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Ten
         for (int64_t b = b0; b < b1; ++b) {
           const int64_t lane = (b - span * span_blocks) * bs;
           scores(qs.data(), kp + table[b] * block_stride + h * head_stride, N, D, bs, L, s.data() + lane);
-          const float* vb = vp + table[b] * block_stride + h * head_stride;
+          const KvT* vb = vp + table[b] * block_stride + h * head_stride;
           for (int64_t t = 0; t < bs; ++t) vrow[lane + t] = vb + t * D;
         }
         for (int64_t n = 0; n < N; ++n) {
@@ -397,6 +409,12 @@ void paged_prefill(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Ten
       }
     }
   });
+}
+
+void paged_prefill(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor tables,
+                   at::Tensor starts, at::Tensor lens, double scale, int64_t window, at::Tensor out) {
+  if (k_cache.scalar_type() == at::kBFloat16) return prefill<bf16_bits>(q, k_cache, v_cache, tables, starts, lens, scale, window, out);
+  prefill<float>(q, k_cache, v_cache, tables, starts, lens, scale, window, out);
 }
 
 // Registered as a torch op (torch.ops.conveyor.paged_prefill) rather than a pybind function: it is

@@ -11,13 +11,14 @@ same number of blocks: each row's queries become [kv_heads, heads // kv_heads, h
 "sequence" of queries per KV head, so grouped-query attention needs no repeated K/V. Prefill chunks go one
 by one through SDPA.
 
-On CPU with fp32, decode rows instead go through the C++ kernel of cpu_kernel.py, which reads the
-blocks in place through the block tables: decode attention is memory-bound, and the gather reads and
-writes every K/V byte before SDPA reads it again. All prefill chunks of a step go through one call of
-the C++ prefill kernel (paged_prefill.cpp: query tiles x key blocks, online softmax, in place
-through the block tables, tasks over (chunk, KV head, tile) on all threads) instead of SDPA chunk
-by chunk. The gather path above stays as the fallback (CONVEYOR_CPU_ATTENTION=torch, or no
-compiler; =decode keeps SDPA for prefill only) and for other devices and dtypes.
+On CPU with fp32 queries and an fp32 or bfloat16 cache (widened as it is loaded), decode rows
+instead go through the C++ kernel of cpu_kernel.py, which reads the blocks in place through the
+block tables: decode attention is memory-bound, and the gather reads and writes every K/V byte
+before SDPA reads it again. All prefill chunks of a step go through one call of the C++ prefill
+kernel (paged_prefill.cpp: query tiles x key blocks, online softmax, in place through the block
+tables, tasks over (chunk, KV head, tile) on all threads) instead of SDPA chunk by chunk. The gather
+path above stays as the fallback (CONVEYOR_CPU_ATTENTION=torch, or no compiler; =decode keeps SDPA
+for prefill only) and for other devices and dtypes.
 """
 
 from __future__ import annotations
@@ -93,9 +94,12 @@ class TorchAttention:
         self.group = geometry.num_heads // geometry.num_kv_heads
         # Gathers land in reused buffers: a fresh multi-MB tensor per layer costs page faults that
         # take longer than the copy itself.
-        self._workspace = [torch.empty(0, dtype=geometry.dtype, device=geometry.device) for _ in range(2)]
+        self._workspace = [
+            torch.empty(0, dtype=geometry.cache_dtype, device=geometry.device) for _ in range(2)
+        ]
         # Built (or loaded from its cache) here, at startup, rather than inside the first step.
         on_cpu = geometry.device.type == "cpu" and geometry.dtype == torch.float32
+        on_cpu = on_cpu and geometry.cache_dtype in (torch.float32, torch.bfloat16)
         self.kernel = on_cpu and cpu_kernel.load() is not None
         self.prefill_kernel = self.kernel and cpu_kernel.prefill_enabled()
 
@@ -188,8 +192,11 @@ class TorchAttention:
         # Write first: every query of this step must see its own token and the chunk before it.
         # Both seen as [blocks, block_size, kv, hd], token i's [kv, hd] goes to (block, offset).
         where = (meta.slot_blocks, meta.slot_offsets)
+        if k_cache.dtype != k.dtype:  # a bfloat16 cache below an fp32 model: rounded once, here
+            k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
         keys_by_token(k_cache).index_put_(where, k)
         v_cache.transpose(1, 2).index_put_(where, v)
+        k, v = k.to(q.dtype), v.to(q.dtype)  # what the cache now holds (a no-op when it is q's dtype)
         out = q.new_empty(q.shape)
         if meta.paged is not None:
             p = meta.paged
@@ -224,6 +231,7 @@ class TorchAttention:
         # [kv, rows * width blocks, block_size, hd] -> [rows, kv, context, hd].
         keys = self._gather(k_cache, grp.blocks, 0).reshape(kv, n, -1, hd).transpose(0, 1)
         values = self._gather(v_cache, grp.blocks, 1).reshape(kv, n, -1, hd).transpose(0, 1)
+        keys, values = keys.to(q.dtype), values.to(q.dtype)  # a bfloat16 cache's values, widened
         res = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=self.g.scale)
         out[lo:hi].view(n, kv, self.group, hd).copy_(res)
 
@@ -245,6 +253,7 @@ class TorchAttention:
         else:  # [kv, context, hd]
             keys = self._gather(k_cache, chunk.blocks, 0).reshape(kv, -1, hd)[:, : chunk.context]
             values = self._gather(v_cache, chunk.blocks, 1).reshape(kv, -1, hd)[:, : chunk.context]
+            keys, values = keys.to(q.dtype), values.to(q.dtype)  # a bfloat16 cache's values, widened
         res = F.scaled_dot_product_attention(
             q[rows].transpose(0, 1).unsqueeze(0),
             keys.unsqueeze(0),

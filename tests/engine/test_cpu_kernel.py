@@ -126,6 +126,38 @@ def test_batch_invariant() -> None:
         assert torch.equal(alone[0], full[i])
 
 
+def assert_same_as_widened(bf16_out: torch.Tensor, widened_out: torch.Tensor, hd: int) -> None:
+    """A bfloat16 cache reads as its exact fp32 widening: bitwise the same result where the vector
+    paths cover the head; within fp32 rounding where a scalar tail runs (head_dim not a multiple of
+    16: the compiler may fuse a tail's multiply-adds differently for the two element types)."""
+    if hd % 16 == 0:
+        assert torch.equal(bf16_out, widened_out)
+    else:
+        torch.testing.assert_close(bf16_out, widened_out, rtol=1e-6, atol=1e-7)
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    "heads,kv,hd,bs", [(9, 3, 64, 16), (8, 2, 32, 16), (4, 4, 32, 4), (8, 2, 16, 5), (3, 3, 66, 16)]
+)
+def test_bf16_cache_reads_as_its_fp32_widening(heads: int, kv: int, hd: int, bs: int) -> None:
+    """--kv-cache-dtype bfloat16: the kernel widens each loaded element, the arithmetic stays fp32."""
+    q, k_cache, v_cache, tables, ctxs, padded = _case(12, heads, kv, hd, bs, max_ctx=300)
+    k16, v16 = k_cache.bfloat16(), v_cache.bfloat16()
+    ctx = torch.tensor(ctxs, dtype=torch.int32)
+    module = cpu_kernel.load()
+    out = module.paged_decode(q, k16, v16, padded, ctx, hd**-0.5, -1, 48)  # split rows too
+    assert out.dtype == torch.float32
+    widened = module.paged_decode(q, k16.float(), v16.float(), padded, ctx, hd**-0.5, -1, 48)
+    assert_same_as_widened(out, widened, hd)
+    # Against the float64 reference over the rounded cache, and near the fp32 cache's answer.
+    expected = _reference(q, k16.float(), v16.float(), tables, ctxs, None)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out, _reference(q, k_cache, v_cache, tables, ctxs, None), rtol=0.05, atol=0.05)
+    with pytest.raises(RuntimeError, match="both the same"):
+        module.paged_decode(q, k16, v_cache, padded, ctx, hd**-0.5, -1, 48)
+
+
 @needs_kernel
 def test_rejects_bad_block_ids() -> None:
     q, k_cache, v_cache, _, ctxs, padded = _case(4, 4, 2, 16, 4)

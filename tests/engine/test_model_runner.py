@@ -18,7 +18,7 @@ from transformers import (
 from engine import kv_cache
 from engine.batch import ScheduledChunk
 from engine.config import EngineConfig
-from engine.model_runner import ModelRunner
+from engine.model_runner import ModelRunner, resolve_kv_dtype
 from engine.sequence import Sequence
 
 VOCAB = 256
@@ -45,8 +45,12 @@ def llama() -> LlamaForCausalLM:
     return _model(LlamaForCausalLM, LlamaConfig)
 
 
-def _runner(hf: torch.nn.Module, block_size: int = 4, num_blocks: int = 512) -> ModelRunner:
-    return ModelRunner(hf, EngineConfig(block_size=block_size, num_blocks=num_blocks, device="cpu"))
+def _runner(
+    hf: torch.nn.Module, block_size: int = 4, num_blocks: int = 512, kv_cache_dtype: str = "auto"
+) -> ModelRunner:
+    config = EngineConfig(block_size=block_size, num_blocks=num_blocks, device="cpu")
+    config.kv_cache_dtype = kv_cache_dtype
+    return ModelRunner(hf, config)
 
 
 class Allocator:
@@ -212,7 +216,12 @@ def test_cache_geometry(llama: LlamaForCausalLM, monkeypatch: pytest.MonkeyPatch
     assert per_block == 2 * 2 * 16 * 2 * 16 * 4
     runner = ModelRunner(llama, EngineConfig(kv_cache_memory=per_block * 10 + 5, device="cpu"))
     assert runner.num_blocks == 10
-    assert runner.kv_cache_summary() == f"10 blocks = 160 tokens ({per_block * 10 / 2**30:.2f} GiB)"
+    assert runner.kv_cache_summary() == f"10 blocks = 160 tokens ({per_block * 10 / 2**30:.2f} GiB, float32)"
+    # A bfloat16 cache: half the bytes per block, so the same budget holds twice the blocks.
+    config = EngineConfig(kv_cache_memory=per_block * 10 + 5, device="cpu", kv_cache_dtype="bfloat16")
+    runner = ModelRunner(llama, config)
+    assert (runner.num_blocks, runner.cache.k[0].dtype) == (20, torch.bfloat16)
+    assert runner.kv_cache_summary().endswith("GiB, bfloat16)")
     monkeypatch.setattr(kv_cache, "available_memory", lambda device: per_block * 100)
     runner = ModelRunner(llama, EngineConfig(kv_cache_fraction=0.25, device="cpu"))
     assert runner.num_blocks == 25
@@ -259,6 +268,41 @@ def test_attention_choice_that_cannot_run_names_the_reason(
     with pytest.raises(ValueError, match="attention must be one of auto, flash-attn, triton, torch"):
         ModelRunner(llama, EngineConfig(num_blocks=8, device="cpu", attention="sdpa"))
     assert ModelRunner(llama, EngineConfig(num_blocks=8, device="cpu")).attention.name == "torch"
+
+
+def test_bf16_kv_cache_keeps_logits_independent_of_the_batch(llama: LlamaForCausalLM) -> None:
+    """kv_cache_dtype bfloat16: keys and values rounded once as they are written; a sequence's
+    logits stay the same bits whatever runs beside it, close to the fp32 cache's but not equal."""
+    runner = _runner(llama, kv_cache_dtype="bfloat16")
+    assert runner.cache.k[0].dtype == torch.bfloat16 and runner.attention.kernel
+    alone = _trace(runner, [11], 5)
+    for others in ([3], [7] * 20, [2, 40, 9, 9, 1]):
+        together = _trace(_runner(llama, kv_cache_dtype="bfloat16"), [11, *others], 5)
+        assert all(torch.equal(a, b) for a, b in zip(alone, together, strict=True)), others
+    fp32 = _trace(_runner(llama), [11], 5)
+    assert not torch.equal(alone[-1], fp32[-1])
+    for a, b in zip(alone, fp32, strict=True):
+        torch.testing.assert_close(a, b, rtol=0.05, atol=0.05 * float(b.abs().max()))
+
+
+@pytest.mark.parametrize(
+    "name,dtype,device,expected",
+    [
+        ("auto", torch.float32, "cpu", torch.float32),
+        ("auto", torch.bfloat16, "cuda", torch.bfloat16),
+        ("bfloat16", torch.float32, "cpu", torch.bfloat16),
+        ("bfloat16", torch.bfloat16, "cuda", torch.bfloat16),
+    ],
+)
+def test_kv_cache_dtype_resolves(name: str, dtype: torch.dtype, device: str, expected: torch.dtype) -> None:
+    assert resolve_kv_dtype(name, dtype, torch.device(device)) == expected
+
+
+def test_kv_cache_dtype_refusals_name_the_fix() -> None:
+    with pytest.raises(ValueError, match="float32 model on cuda is not supported: use it on CPU"):
+        resolve_kv_dtype("bfloat16", torch.float32, torch.device("cuda"))
+    with pytest.raises(ValueError, match="must be auto or bfloat16, got 'fp8'"):
+        resolve_kv_dtype("fp8", torch.float32, torch.device("cpu"))
 
 
 def test_bf16_gemms_keep_logits_independent_of_the_batch(llama: LlamaForCausalLM, bf16_gemms: None) -> None:

@@ -11,7 +11,10 @@ import torch.nn.functional as F
 
 from engine.attention import AttentionBatch, AttentionGeometry, cpu_kernel
 from engine.attention.torch_paged import TorchAttention, keys_by_token
-from tests.engine.test_cpu_kernel import kernel  # noqa: F401 - the fixture: skip (or fail in CI) without a build
+from tests.engine.test_cpu_kernel import (
+    assert_same_as_widened,
+    kernel,  # noqa: F401 - the fixture: skip (or fail in CI) without a build
+)
 
 needs_kernel = pytest.mark.usefixtures("kernel")
 
@@ -148,18 +151,34 @@ def test_rejects_bad_input() -> None:
         _run(q, k_cache, v_cache, padded, starts, lens + 8, None, 0.25)
 
 
+@needs_kernel
+@pytest.mark.parametrize("heads,kv,hd,bs", [(9, 3, 64, 16), (4, 4, 32, 4), (3, 3, 66, 16)])
+@pytest.mark.parametrize("window", [None, 7])
+def test_bf16_cache_reads_as_its_fp32_widening(
+    heads: int, kv: int, hd: int, bs: int, window: int | None
+) -> None:
+    q, k_cache, v_cache, tables, padded, starts, lens = _case(_CHUNKS, heads, kv, hd, bs)
+    k16, v16 = k_cache.bfloat16(), v_cache.bfloat16()
+    out = _run(q, k16, v16, padded, starts, lens, window, hd**-0.5)
+    assert_same_as_widened(out, _run(q, k16.float(), v16.float(), padded, starts, lens, window, hd**-0.5), hd)
+    ref = _reference(q, k16.float(), v16.float(), tables, _CHUNKS, window)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    with pytest.raises(RuntimeError, match="both the same"):
+        _run(q, k16, v_cache, padded, starts, lens, window, hd**-0.5)
+
+
 def _backend_step(
-    monkeypatch: pytest.MonkeyPatch, choice: str, window: int | None
+    monkeypatch: pytest.MonkeyPatch, choice: str, window: int | None, kv_dtype: torch.dtype = torch.float32
 ) -> tuple[bool, torch.Tensor]:
     """One mixed step (two decode rows, a fresh prompt, a chunk with start > 0) through
     TorchAttention with CONVEYOR_CPU_ATTENTION=choice: (prefill kernel used, output)."""
     monkeypatch.setenv(cpu_kernel.ENV, choice)
     heads, kv, hd, bs, num_blocks = 9, 3, 64, 16, 40
-    geometry = AttentionGeometry(heads, kv, hd, bs, num_blocks, torch.device("cpu"), torch.float32)
+    geometry = AttentionGeometry(heads, kv, hd, bs, num_blocks, torch.device("cpu"), torch.float32, kv_dtype)
     backend = TorchAttention(geometry)
     g = torch.Generator().manual_seed(3)
-    k_cache = torch.randn(backend.cache_shape(), generator=g)
-    v_cache = torch.randn(backend.cache_shape(), generator=g)
+    k_cache = torch.randn(backend.cache_shape(), generator=g).to(kv_dtype)
+    v_cache = torch.randn(backend.cache_shape(), generator=g).to(kv_dtype)
     query_lens, context_lens = [1, 1, 30, 21], [20, 50, 30, 60]
     tables = [[0, 1], [2, 3, 4, 5], [6, 7], [8, 9, 10, 11]]
     slots = [tables[i][(c - 1) // bs] * bs + (c - 1) % bs for i, c in enumerate(context_lens[:2])]
@@ -186,3 +205,23 @@ def test_backend_uses_kernel_and_matches_sdpa(monkeypatch: pytest.MonkeyPatch, w
         cpu_kernel.load.cache_clear()
     assert used and not skipped
     torch.testing.assert_close(fast, slow, rtol=1e-4, atol=1e-5)
+
+
+@needs_kernel
+def test_backend_with_a_bf16_cache_matches_the_torch_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bfloat16 cache below fp32 queries: the kernels (decode and prefill) and the torch path
+    (gather, widen, SDPA) see the same rounded keys and values, the step's own included."""
+    try:
+        cpu_kernel.load.cache_clear()
+        used, fast = _backend_step(monkeypatch, "kernel", None, torch.bfloat16)
+        cpu_kernel.load.cache_clear()
+        _, slow = _backend_step(monkeypatch, "torch", None, torch.bfloat16)
+        cpu_kernel.load.cache_clear()
+        _, fp32 = _backend_step(monkeypatch, "kernel", None)
+    finally:
+        monkeypatch.undo()
+        cpu_kernel.load.cache_clear()
+    assert used and fast.dtype == torch.float32
+    torch.testing.assert_close(fast, slow, rtol=1e-4, atol=1e-5)
+    assert not torch.equal(fast, fp32)  # the rounding is real...
+    torch.testing.assert_close(fast, fp32, rtol=0.05, atol=0.05)  # ...and small

@@ -62,3 +62,16 @@ def test_admission_order_reaches_the_engine_config() -> None:
     assert engine_config(Settings()).admission_order == "shortest"
     with pytest.raises(SystemExit, match="invalid settings: --admission-order"):
         settings_from(build_parser().parse_args(["worker", "--admission-order", "sjf"]))
+
+
+def test_kv_cache_dtype_reaches_the_engine_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    from launcher.cli import settings_from
+    from launcher.roles import engine_config
+
+    args = build_parser().parse_args(["worker", "--kv-cache-dtype", "bfloat16"])
+    assert engine_config(settings_from(args)).kv_cache_dtype == "bfloat16"
+    assert engine_config(Settings()).kv_cache_dtype == "auto"
+    monkeypatch.setenv("CONVEYOR_KV_CACHE_DTYPE", "bfloat16")  # what bench/peers.py --dtype bf16 sets
+    assert engine_config(Settings()).kv_cache_dtype == "bfloat16"
+    with pytest.raises(SystemExit, match="invalid settings: --kv-cache-dtype"):
+        settings_from(build_parser().parse_args(["worker", "--kv-cache-dtype", "fp8"]))
