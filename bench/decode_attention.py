@@ -9,7 +9,10 @@ batches of 16, 32 and 64 rows with contexts uniform in 32..768 tokens (seeded), 
 geometry (9 heads, 3 KV heads, head_dim 64, block size 16), blocks shuffled over a cache larger
 than the last-level cache (one layer's K/V of several batches, cycled, so each call reads cold
 memory as the engine's 30 layers do). This tree's kernel also runs at a few partition sizes, and
-at 256 on a copy of the caches backed by 2 MiB pages ("new 2MiB", as the engine's KV cache is).
+at 256 on a copy of the caches backed by 2 MiB pages ("new 2MiB", as the engine's KV cache is), and
+on a bfloat16 copy of those ("new bf16 2MiB p=256": --kv-cache-dtype bfloat16, half the bytes; its answer
+is checked against the same kernel on the bf16 values widened to fp32, its GB/s still counts fp32
+bytes, so it reads as the rate an fp32 cache would need for the same time).
 Prints per batch the work imbalance each kernel's schedule gives (context tokens of the busiest
 thread over the mean: the base splits rows into one contiguous run per thread, the new one hands
 partitions longest first to the first free thread), then the best and median time of each over
@@ -114,6 +117,16 @@ def main() -> None:
         kernels["new 2MiB p=256"] = lambda b: new.paged_decode(
             b[0], k_huge, v_huge, b[1], b[2], scale, -1, 256
         )
+    k_bf16 = torch.empty(k_cache.shape, dtype=torch.bfloat16)
+    v_bf16 = torch.empty_like(k_bf16)
+    for cache in (k_bf16, v_bf16):  # 2 MiB pages where the kernel allows, as the engine's cache
+        hugepages.advise(cache)
+    k_bf16.copy_(k_cache)
+    v_bf16.copy_(v_cache)
+    kernels["new bf16 2MiB p=256"] = lambda b: new.paged_decode(
+        b[0], k_bf16, v_bf16, b[1], b[2], scale, -1, 256
+    )
+    k_wide, v_wide = k_bf16.float(), v_bf16.float()  # what the bf16 cache holds, in fp32
     print(f"threads {args.threads}, {args.rounds} rounds x {args.calls} calls, base = {args.base_ref}")
     # What this machine streams at all: a plain torch sum over both caches (larger than the LLC).
     stream = min(timed(lambda _: k_cache.sum() + v_cache.sum(), [()], 2) for _ in range(5))
@@ -121,8 +134,10 @@ def main() -> None:
     for rows in (16, 32, 64):
         inputs = batches(rows, copies, rng, k_cache)
         ref = base.paged_decode(inputs[0][0], k_cache, v_cache, inputs[0][1], inputs[0][2], scale, -1)
-        for call in kernels.values():  # same answer before timing it
-            torch.testing.assert_close(call(inputs[0]), ref, rtol=1e-4, atol=1e-5)
+        wide = new.paged_decode(inputs[0][0], k_wide, v_wide, inputs[0][1], inputs[0][2], scale, -1, 256)
+        for name, call in kernels.items():  # same answer before timing it
+            expected = wide if "bf16" in name else ref
+            torch.testing.assert_close(call(inputs[0]), expected, rtol=1e-4, atol=1e-5)
         times: dict[str, list[float]] = {name: [] for name in kernels}
         for _ in range(args.rounds):
             for name, call in kernels.items():

@@ -6,6 +6,7 @@
     .venv/bin/python bench/engine.py --skip-hf --fused torch,kernel,kernel,torch     # A-B-B-A
     .venv/bin/python bench/engine.py --skip-hf --admission-order arrival,shortest,shortest,arrival
     .venv/bin/python bench/engine.py --skip-hf --workload single --min-rows exact,16,16,exact
+    .venv/bin/python bench/engine.py --skip-hf --kv-cache-dtype auto,bfloat16,bfloat16,auto
 
 Workloads (all requests submitted at once):
   peer   64 requests, 256 random-token prompts, exactly 128 new tokens (EOS ignored): the workload
@@ -25,7 +26,8 @@ forward's elementwise ops: `kernel` engine/model/fused_ops.cpp + F.rms_norm, `to
 (what CONVEYOR_CPU_FUSED=torch gives), switched on the one loaded model; --admission-order the
 order in which waiting requests are started (EngineConfig.admission_order); --min-rows the
 row count a step's GEMMs are padded to (`exact`: what the model found exact at load, e.g.
-`--min-rows exact,16,16,exact`).
+`--min-rows exact,16,16,exact`); --kv-cache-dtype the KV cache's element type (EngineConfig.
+kv_cache_dtype; outermost: one engine per value, each loaded once, runs alternating in the order given).
 """
 
 from __future__ import annotations
@@ -217,6 +219,8 @@ def main() -> None:
     parser.add_argument("--min-rows", default="exact",
                         help="comma-separated 'exact' (the count checked at load) or a number: the rows a"
                              " step's GEMMs are padded to; one engine run per entry (innermost)")
+    parser.add_argument("--kv-cache-dtype", default="auto",
+                        help="comma-separated 'auto'/'bfloat16': one engine run per entry (outermost)")
     args = parser.parse_args()
     budgets = [int(b) for b in args.max_batch_prefill_tokens.split(",")]
     torch.set_num_threads(args.threads)
@@ -228,10 +232,12 @@ def main() -> None:
     measured = ", ".join(f"{name} {flops / 1e9:.0f}" for name, flops in peaks.items())
     print(f"{kind} matmul peak: {peak / 1e9:.0f} GFLOP/s on {args.threads} threads ({measured})")
     source = resolve_model(None)
-    engine = Engine.from_pretrained(source.path, EngineConfig(enable_prefix_caching=False,
-                                                              kv_cache_memory=4 * 1024**3))
-    fused = engine.runner.model.fused
-    exact_rows = engine.runner.model.min_rows
+    kv_dtypes = args.kv_cache_dtype.split(",")
+    engines: dict[str, tuple[Engine, object, int]] = {}  # kv dtype -> engine, its fused ops, exact rows
+    for kv in dict.fromkeys(kv_dtypes):
+        config = EngineConfig(enable_prefix_caching=False, kv_cache_memory=4 * 1024**3, kv_cache_dtype=kv)
+        engine = Engine.from_pretrained(source.path, config)
+        engines[kv] = (engine, engine.runner.model.fused, engine.runner.model.min_rows)
     hf = None
     if not args.skip_hf:
         from transformers import AutoModelForCausalLM
@@ -256,15 +262,17 @@ def main() -> None:
                   f"({r.seconds:.1f} s)")
         orders = args.admission_order.split(",")
         min_rows = args.min_rows.split(",")
-        legs = ((o, b, p, m) for o in orders for p in args.fused.split(",") for b in budgets
-                for m in min_rows)
-        for order, budget, path, rows in legs:
+        legs = ((kv, o, b, p, m) for kv in kv_dtypes for o in orders for p in args.fused.split(",")
+                for b in budgets for m in min_rows)
+        for kv, order, budget, path, rows in legs:
+            engine, fused, exact_rows = engines[kv]
             engine.config.max_batch_prefill_tokens = budget  # the scheduler reads the same config
             engine.config.admission_order = order
             set_fused(engine, path == "kernel", fused)
             engine.runner.model.min_rows = exact_rows if rows == "exact" else int(rows)
             ours, overhead, latency = run_engine(engine, requests)
             label = f"{ours.name} @{budget}" + ("" if args.fused == "kernel" else f" {path}")
+            label += "" if len(kv_dtypes) == 1 else f" kv {kv}"
             label += "" if len(orders) == 1 else f" {order}"
             label += "" if len(min_rows) == 1 else f" rows>={engine.runner.model.min_rows}"
             print(f"{label:30s} total {ours.total_tps:7.1f} tok/s   "

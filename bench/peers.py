@@ -58,9 +58,10 @@ CONVEYOR_A, CONVEYOR_B = "Conveyor a (`conveyor serve`)", "Conveyor b (drift: ×
 
 def dtype_envs(dtype: str) -> tuple[dict[str, str], dict[str, str]]:
     """The environment of Conveyor's server and of serve-vllm.sh for --dtype: fp32 both (vLLM told
-    so explicitly), or bf16 (Conveyor's bfloat16 GEMMs, vLLM's whole model in bfloat16)."""
+    so explicitly), or bf16 (Conveyor's bfloat16 GEMMs and KV cache, vLLM's whole model and its
+    cache in bfloat16)."""
     if dtype == "bf16":
-        return {"CONVEYOR_CPU_GEMM": "bf16"}, {"DTYPE": "bfloat16"}
+        return {"CONVEYOR_CPU_GEMM": "bf16", "CONVEYOR_KV_CACHE_DTYPE": "bfloat16"}, {"DTYPE": "bfloat16"}
     return {}, {"DTYPE": "float32"}
 
 
@@ -104,7 +105,8 @@ def main() -> int:
     p.add_argument("--no-aba", dest="aba", action="store_false", help="Conveyor once, not before and after")
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
                    help="bf16: Conveyor with CONVEYOR_CPU_GEMM=bf16 (its GEMMs in bfloat16; needs a CPU with "
-                        "AVX512_BF16 or AMX), vLLM with --dtype bfloat16 (its whole model); HF stays fp32 "
+                        "AVX512_BF16 or AMX) and --kv-cache-dtype bfloat16, vLLM with --dtype bfloat16 (its "
+                        "whole model and KV cache); HF stays fp32 "
                         "[default: %(default)s]")
     p.add_argument("--model-dir", type=Path, default=None,
                    help="converted weights [default: Conveyor's default]")

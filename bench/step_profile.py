@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/step_profile.py                  # peer and mixed, 2 threads
     .venv/bin/python bench/step_profile.py --workload mixed --json /tmp/mixed.json
+    .venv/bin/python bench/step_profile.py --kv-cache-dtype bfloat16   # the opt-in bf16 KV cache
 
 Runs the engine in-process on the default model (fp32, prefix caching off, as bench/engine.py
 does) with engine/step_timing.py's timers installed, and classifies each step by its batch:
@@ -155,6 +156,8 @@ def main() -> None:
                         help="where to write the results")
     parser.add_argument("--no-sampler-ab", dest="sampler_ab", action="store_false",
                         help="do not also time the torch sampler path on each step's logits")
+    parser.add_argument("--kv-cache-dtype", choices=["auto", "bfloat16"], default="auto",
+                        help="the KV cache's element type (EngineConfig.kv_cache_dtype)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -163,8 +166,8 @@ def main() -> None:
     print(f"fp32 matmul peak: {peak / 1e9:.0f} GFLOP/s on {args.threads} threads ("
           + ", ".join(f"{name} {f / 1e9:.0f}" for name, f in peaks.items()) + ")")
     source = resolve_model(None)
-    engine = Engine.from_pretrained(source.path, EngineConfig(enable_prefix_caching=False,
-                                                              kv_cache_memory=4 * 1024**3))
+    engine = Engine.from_pretrained(source.path, EngineConfig(
+        enable_prefix_caching=False, kv_cache_memory=4 * 1024**3, kv_cache_dtype=args.kv_cache_dtype))
     from transformers import AutoConfig
 
     f_prompt, f_gen = flops_per_token(AutoConfig.from_pretrained(source.path))

@@ -148,5 +148,6 @@ def test_the_sitting_s_workloads(tiny_model_dir) -> None:  # type: ignore[no-unt
 def test_dtype_sets_both_servers_alike() -> None:
     from bench.peers import dtype_envs
 
-    assert dtype_envs("bf16") == ({"CONVEYOR_CPU_GEMM": "bf16"}, {"DTYPE": "bfloat16"})
+    conveyor = {"CONVEYOR_CPU_GEMM": "bf16", "CONVEYOR_KV_CACHE_DTYPE": "bfloat16"}
+    assert dtype_envs("bf16") == (conveyor, {"DTYPE": "bfloat16"})
     assert dtype_envs("fp32") == ({}, {"DTYPE": "float32"})
