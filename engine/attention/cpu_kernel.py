@@ -1,4 +1,5 @@
-"""The C++ paged attention kernels (paged_decode.cpp, paged_prefill.cpp), built on first use.
+"""The C++ paged attention kernels (paged_decode.cpp, paged_prefill.cpp) and the KV write
+(kv_write.cpp), built on first use.
 
 torch's cpp_extension compiles it once into a cache directory ($TORCH_EXTENSIONS_DIR, else
 ~/.cache/conveyor/torch_extensions) and later processes load the built module in well under a
@@ -31,6 +32,7 @@ logger = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).with_name("paged_decode.cpp")
 _PREFILL = Path(__file__).with_name("paged_prefill.cpp")  # a torch op in the same module
+_WRITE = Path(__file__).with_name("kv_write.cpp")  # another
 _HEADERS = [Path(__file__).with_name(name) for name in ("simd_avx2.h", "simd_avx512.h", "kv_load.h")]
 ENV = "CONVEYOR_CPU_ATTENTION"
 INSTALL_HINT = "install a C++ compiler and the Python headers (e.g. apt-get install g++ python3-dev)"
@@ -47,7 +49,7 @@ def _cpu_tag() -> str:
 
 
 def _build_dir() -> Path:
-    return build_dir("paged_decode", [_SOURCE, _PREFILL, *_HEADERS])
+    return build_dir("paged_decode", [_SOURCE, _PREFILL, _WRITE, *_HEADERS])
 
 
 def build_dir(name: str, sources: list[Path]) -> Path:
@@ -80,7 +82,7 @@ def load() -> ModuleType | None:
         logger.info("compiling the CPU attention kernel (one time, ~15 s) into %s", build)
     t0 = time.perf_counter()
     try:
-        module = native_build.load("conveyor_paged_decode", [_SOURCE, _PREFILL], build,
+        module = native_build.load("conveyor_paged_decode", [_SOURCE, _PREFILL, _WRITE], build,
                                    ["-O3", "-march=native", "-fopenmp"])
     except Exception as exc:  # noqa: BLE001 - any build failure must leave the torch path working
         _unavailable = f"{_build_failure(exc)}; {INSTALL_HINT}"
@@ -151,3 +153,12 @@ def paged_prefill(
         q, k_cache, v_cache, tables, starts, lens, scale, -1 if window is None else window, out
     )
     return out
+
+
+def write_kv(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor
+) -> None:
+    """k, v [tokens, kv_heads, head_dim] (fp32, rows may be strided) into the caches (fp32 or
+    bfloat16, rounded as `Tensor.to` rounds) at `slots` [tokens] (int64), in one call."""
+    assert load() is not None, "write_kv called without a built kernel"
+    torch.ops.conveyor.write_kv(k, v, k_cache, v_cache, slots)

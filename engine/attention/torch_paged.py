@@ -75,6 +75,7 @@ class _PagedPrefill:
 
 @dataclass(slots=True)
 class TorchMeta:
+    slots: torch.Tensor  # [T] cache slot of each new token
     slot_blocks: torch.Tensor  # [T] block of each new token
     slot_offsets: torch.Tensor  # [T] its position in that block
     decode: list[_DecodeGroup]
@@ -141,6 +142,7 @@ class TorchAttention:
             row += length
         paged_prefill = self._paged_prefill(batch) if self.prefill_kernel and prefills else None
         return TorchMeta(
+            slots=batch.slots,
             slot_blocks=batch.slots // bs,
             slot_offsets=batch.slots % bs,
             decode=decode,
@@ -191,12 +193,14 @@ class TorchAttention:
         hd = self.g.head_dim
         # Write first: every query of this step must see its own token and the chunk before it.
         # Both seen as [blocks, block_size, kv, hd], token i's [kv, hd] goes to (block, offset).
-        where = (meta.slot_blocks, meta.slot_offsets)
-        if k_cache.dtype != k.dtype:  # a bfloat16 cache below an fp32 model: rounded once, here
-            k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
-        keys_by_token(k_cache).index_put_(where, k)
-        v_cache.transpose(1, 2).index_put_(where, v)
-        k, v = k.to(q.dtype), v.to(q.dtype)  # what the cache now holds (a no-op when it is q's dtype)
+        if self.kernel:  # one C++ call for both, converting as it stores (kv_write.cpp)
+            cpu_kernel.write_kv(k, v, k_cache, v_cache, meta.slots)
+        else:
+            where = (meta.slot_blocks, meta.slot_offsets)
+            keys_by_token(k_cache).index_put_(where, k.to(k_cache.dtype))
+            v_cache.transpose(1, 2).index_put_(where, v.to(v_cache.dtype))
+        if meta.prefills and k_cache.dtype != q.dtype:  # SDPA on a fresh prompt reads k/v, not the cache:
+            k, v = k.to(k_cache.dtype).to(q.dtype), v.to(v_cache.dtype).to(q.dtype)  # the cache's values
         out = q.new_empty(q.shape)
         if meta.paged is not None:
             p = meta.paged

@@ -231,3 +231,29 @@ def test_missing_compiler_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     finally:
         monkeypatch.undo()
         cpu_kernel.load.cache_clear()
+
+
+@needs_kernel
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
+def test_write_kv_stores_what_index_put_stores(kv_dtype: torch.dtype) -> None:
+    """kv_write.cpp against the torch path it replaces (index_put_ on the caches' token views after
+    Tensor.to): the same bits in the same places, from strided k/v as the qkv projection gives them."""
+    g = torch.Generator().manual_seed(5)
+    blocks, kv, bs, hd, heads = 9, 3, 16, 64, 9
+    qkv = torch.randn(40, heads + 2 * kv, hd, generator=g) * 3
+    k, v = qkv[:, heads : heads + kv], qkv[:, heads + kv :]
+    slots = torch.randperm(blocks * bs, generator=g)[:40]
+    ours = [torch.zeros(blocks, kv, bs, hd, dtype=kv_dtype) for _ in range(2)]
+    cpu_kernel.write_kv(k, v, ours[0], ours[1], slots)
+    ref = [torch.zeros(blocks, kv, bs, hd, dtype=kv_dtype) for _ in range(2)]
+    where = (slots // bs, slots % bs)
+    keys_by_token(ref[0]).index_put_(where, k.to(kv_dtype))
+    ref[1].transpose(1, 2).index_put_(where, v.to(kv_dtype))
+    assert torch.equal(ours[0], ref[0]) and torch.equal(ours[1], ref[1])
+    assert ours[0].count_nonzero() == 40 * kv * hd  # every token written, nothing else
+    bad = slots.clone()
+    bad[-1] = blocks * bs
+    before = ours[0].clone()
+    with pytest.raises(RuntimeError, match="out of range"):
+        cpu_kernel.write_kv(k * 2, v, ours[0], ours[1], bad)
+    assert torch.equal(ours[0], before)  # checked before any write
