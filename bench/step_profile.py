@@ -31,6 +31,7 @@ from engine import greedy_kernel  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.engine import Engine  # noqa: E402
 from engine.loader import resolve_model  # noqa: E402
+from engine.model.linear import bf16_gemms  # noqa: E402
 from engine.step_timing import StepRecord, StepTimer  # noqa: E402
 
 KINDS = ("prefill-heavy", "mixed", "pure decode")
@@ -126,7 +127,9 @@ def shadow_sampler(engine: Engine) -> list[float]:
 
 def unshadow(records: list[StepRecord], times: list[float]) -> None:
     """Moves each step's shadow sampler time out of its sampler piece and its seconds, into
-    pieces["sampler_torch_path"] (which no category sums)."""
+    pieces["sampler_torch_path"] (which no category sums). No times (--no-sampler-ab): nothing to move."""
+    if not times:
+        return
     pending = iter(times)
     for r in records:
         if r.sampled_rows:  # the engine calls the sampler once in each step that samples
@@ -163,7 +166,8 @@ def main() -> None:
 
     peaks = matmul_peak()
     peak = max(peaks.values())
-    print(f"fp32 matmul peak: {peak / 1e9:.0f} GFLOP/s on {args.threads} threads ("
+    kind_of_peak = "bf16" if bf16_gemms() else "fp32"  # CONVEYOR_CPU_GEMM=bf16: oneDNN's bf16 GEMM
+    print(f"{kind_of_peak} matmul peak: {peak / 1e9:.0f} GFLOP/s on {args.threads} threads ("
           + ", ".join(f"{name} {f / 1e9:.0f}" for name, f in peaks.items()) + ")")
     source = resolve_model(None)
     engine = Engine.from_pretrained(source.path, EngineConfig(
