@@ -76,8 +76,8 @@ class _PagedPrefill:
 @dataclass(slots=True)
 class TorchMeta:
     slots: torch.Tensor  # [T] cache slot of each new token
-    slot_blocks: torch.Tensor  # [T] block of each new token
-    slot_offsets: torch.Tensor  # [T] its position in that block
+    # (block, offset) of each new token, for the torch write; None where kv_write.cpp writes
+    where: tuple[torch.Tensor, torch.Tensor] | None
     decode: list[_DecodeGroup]
     paged: _PagedDecode | None
     prefills: list[_Prefill]
@@ -143,8 +143,7 @@ class TorchAttention:
         paged_prefill = self._paged_prefill(batch) if self.prefill_kernel and prefills else None
         return TorchMeta(
             slots=batch.slots,
-            slot_blocks=batch.slots // bs,
-            slot_offsets=batch.slots % bs,
+            where=None if self.kernel else (batch.slots // bs, batch.slots % bs),
             decode=decode,
             paged=paged,
             prefills=[] if paged_prefill else prefills,
@@ -196,9 +195,9 @@ class TorchAttention:
         if self.kernel:  # one C++ call for both, converting as it stores (kv_write.cpp)
             cpu_kernel.write_kv(k, v, k_cache, v_cache, meta.slots)
         else:
-            where = (meta.slot_blocks, meta.slot_offsets)
-            keys_by_token(k_cache).index_put_(where, k.to(k_cache.dtype))
-            v_cache.transpose(1, 2).index_put_(where, v.to(v_cache.dtype))
+            assert meta.where is not None  # prepare() sets it whenever the kernel is off
+            keys_by_token(k_cache).index_put_(meta.where, k.to(k_cache.dtype))
+            v_cache.transpose(1, 2).index_put_(meta.where, v.to(v_cache.dtype))
         if meta.prefills and k_cache.dtype != q.dtype:  # SDPA on a fresh prompt reads k/v, not the cache:
             k, v = k.to(k_cache.dtype).to(q.dtype), v.to(v_cache.dtype).to(q.dtype)  # the cache's values
         out = q.new_empty(q.shape)
