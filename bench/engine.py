@@ -16,7 +16,8 @@ Workloads (all requests submitted at once):
 Systems: (a) HF `generate` one request at a time (on the first --one-at-a-time requests: its rate
 does not depend on how many), (b) HF `generate` in padded static batches of 16 (each batch runs
 until its longest output), (c) this engine. Model FLOP utilisation = model FLOPs per second
-(2 × parameters used per token, per token processed) ÷ the fp32 matmul peak measured here: the
+(2 × parameters used per token, per token processed; then also with attention's FLOPs added, as
+PaLM's MFU counts them: bench/model_flops.py) ÷ the fp32 matmul peak measured here: the
 fastest of torch.mm (MKL) and oneDNN on a 2048 × 2048 matmul (the bf16 peak, oneDNN's, under
 CONVEYOR_CPU_GEMM=bf16: `CONVEYOR_CPU_GEMM=bf16 bench/engine.py` measures that mode). With several
 --max-batch-prefill-tokens the engine runs the workload once per budget, in that order, in one
@@ -44,6 +45,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.model_flops import attention_flops, flops_per_token  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.engine import Engine  # noqa: E402
 from engine.loader import resolve_model  # noqa: E402
@@ -108,18 +110,6 @@ def matmul_peak(seconds: float = 3.0) -> dict[str, float]:
             runs += 1
         peaks[name] = 2 * 2048**3 * runs / (time.perf_counter() - start)
     return peaks
-
-
-def flops_per_token(config) -> tuple[float, float]:  # type: ignore[no-untyped-def]
-    """(prompt token, generated token): a generated token also goes through the lm_head."""
-    h, i, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
-    head_dim = getattr(config, "head_dim", None) or h // config.num_attention_heads
-    q = config.num_attention_heads * head_dim
-    kv = config.num_key_value_heads * head_dim
-    per_layer = h * q + 2 * h * kv + q * h + 3 * h * i
-    body = layers * per_layer
-    lm_head = h * config.vocab_size
-    return 2.0 * body, 2.0 * (body + lm_head)
 
 
 def progress(label: str, done: int, total: int, start: float) -> None:
@@ -252,6 +242,7 @@ def main() -> None:
         print(f"\n== {name}: {len(requests)} requests, "
               f"{sum(len(r.prompt) for r in requests)} prompt + {sum(r.max_new_tokens for r in requests)} "
               "output tokens")
+        attention = attention_flops(config, ((len(r.prompt), r.max_new_tokens) for r in requests))
         results = []
         if hf is not None:
             with torch.inference_mode():
@@ -281,7 +272,9 @@ def main() -> None:
                 print(f"c/a = {ours.total_tps / results[0].total_tps:.2f}   "
                       f"c/b = {ours.total_tps / results[1].total_tps:.2f}")
             mfu = (ours.prompt_tokens * f_prompt + ours.output_tokens * f_gen) / ours.seconds / peak
-            print(f"engine model FLOP utilisation: {100 * mfu:.1f} % of {peak / 1e9:.0f} GFLOP/s")
+            with_attention = mfu + attention / ours.seconds / peak
+            print(f"engine model FLOP utilisation: {100 * mfu:.1f} % of {peak / 1e9:.0f} GFLOP/s "
+                  f"(attention's FLOPs counted too, as PaLM's MFU: {100 * with_attention:.1f} %)")
             print(f"engine CPU time outside the forward, steps at batch >= {len(requests)}: "
                   f"{100 * overhead:.1f} % of the step")
 

@@ -149,7 +149,8 @@ def engine_ab(
     off and on, or (base_ref) that ref's kernels and this tree's."""
     from transformers import AutoConfig
 
-    from bench.engine import flops_per_token, matmul_peak, run_engine, workload
+    from bench.engine import matmul_peak, run_engine, workload
+    from bench.model_flops import flops_per_token
     from engine.engine import Engine
     from engine.loader import resolve_model
 

@@ -26,7 +26,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.engine import flops_per_token, matmul_peak, run_engine, workload  # noqa: E402
+from bench.engine import matmul_peak, run_engine, workload  # noqa: E402
+from bench.model_flops import flops_per_token  # noqa: E402
 from engine import greedy_kernel  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.engine import Engine  # noqa: E402
