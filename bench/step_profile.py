@@ -9,7 +9,9 @@ does) with engine/step_timing.py's timers installed, and classifies each step by
 prefill-heavy (prefill tokens are at least half the step's tokens), mixed (some prefill beside more
 decode rows), pure decode. For each kind it prints the share of step time of each piece, as a
 markdown table, and the model FLOP utilisation (bench/engine.py's FLOPs over the fp32 matmul peak
-measured at the start of the same run); pure decode steps again by batch rows. Writes everything
+measured at the start of the same run), also as it would be were every piece but the GEMMs free (the
+GEMMs' own speed at these steps' row counts: the ceiling of the workload's shapes); pure decode
+steps again by batch rows. Writes everything
 as JSON too. The timers cost ~1 µs a wrapped call (measured and printed), under 1 % of a step.
 """
 
@@ -64,12 +66,15 @@ def summarize(records: list[StepRecord], f_prompt: float, f_gen: float, peak: fl
             pieces[name] += s
     flops = sum((r.decode_rows + r.prefill_tokens) * f_prompt + r.sampled_rows * (f_gen - f_prompt)
                 for r in records)
+    gemm_s = pieces["gemm"] + pieces["lm_head"]
     out = {
         "steps": len(records),
         "seconds": seconds,
         "ms_per_step": 1e3 * seconds / len(records) if records else 0.0,
         "tokens_per_step": sum(r.decode_rows + r.prefill_tokens for r in records) / max(1, len(records)),
         "flop_utilisation": flops / seconds / peak if seconds else 0.0,
+        # the ceiling of these steps' shapes: every piece but the GEMMs free, the GEMMs as measured
+        "gemm_only_utilisation": flops / gemm_s / peak if gemm_s else 0.0,
         "pieces_s": dict(pieces),
         "shares": {label: sum(pieces[n] for n in names) / seconds if seconds else 0.0
                    for label, names in CATEGORIES.items()},
@@ -101,6 +106,8 @@ def table(by_kind: dict[str, dict], overall: dict) -> str:
                  + " | ".join(f"{s['tokens_per_step']:.0f}" for s in stats) + " |")
     lines.append("| model FLOP utilisation | " + " | ".join(
         f"{100 * s['flop_utilisation']:.1f} %" for s in stats) + " |")
+    lines.append("| same, were every piece but the GEMMs free | " + " | ".join(
+        f"{100 * s['gemm_only_utilisation']:.1f} %" for s in stats) + " |")
     return "\n".join(lines)
 
 
