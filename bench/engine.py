@@ -4,6 +4,7 @@
     .venv/bin/python bench/engine.py --workload peer --skip-hf
     .venv/bin/python bench/engine.py --skip-hf --max-batch-prefill-tokens 4096,2048,4096  # A-B-A
     .venv/bin/python bench/engine.py --skip-hf --fused torch,kernel,kernel,torch     # A-B-B-A
+    .venv/bin/python bench/engine.py --skip-hf --fused F.rms_norm,kernel,kernel,F.rms_norm  # the norm alone
     .venv/bin/python bench/engine.py --skip-hf --admission-order arrival,shortest,shortest,arrival
     .venv/bin/python bench/engine.py --skip-hf --workload single --min-rows exact,16,16,exact
     .venv/bin/python bench/engine.py --skip-hf --kv-cache-dtype auto,bfloat16,bfloat16,auto
@@ -23,8 +24,9 @@ CONVEYOR_CPU_GEMM=bf16: `CONVEYOR_CPU_GEMM=bf16 bench/engine.py` measures that m
 --max-batch-prefill-tokens the engine runs the workload once per budget, in that order, in one
 process; each run prints TTFT p50/p99 (from submitting all requests to a request's first token)
 and TPOT p50 (mean time per token after the first, per request). --fused does the same for the
-forward's elementwise ops: `kernel` engine/model/fused_ops.cpp + F.rms_norm, `torch` the torch ops
-(what CONVEYOR_CPU_FUSED=torch gives), switched on the one loaded model; --admission-order the
+forward's elementwise ops: `kernel` engine/model/fused_ops.cpp (its rms_norm included),
+`F.rms_norm` the same with torch's F.rms_norm (as before 2026-12-03), `torch` the torch ops (what
+CONVEYOR_CPU_FUSED=torch gives), switched on the one loaded model; --admission-order the
 order in which waiting requests are started (EngineConfig.admission_order); --min-rows the
 row count a step's GEMMs are padded to (`exact`: what the model found exact at load, e.g.
 `--min-rows exact,16,16,exact`); --kv-cache-dtype the KV cache's element type (EngineConfig.
@@ -185,10 +187,15 @@ def run_engine(engine: Engine, requests: list[Request]) -> tuple[Result, float, 
         engine.overhead_share(min_batch=len(requests)), latency
 
 
-def set_fused(engine: Engine, on: bool, module: object) -> None:
-    """The model's elementwise ops: fused (engine/model/fused_ops.py) or torch's."""
+def set_fused(engine: Engine, path: str, module: object, lanes: int) -> None:
+    """The model's elementwise ops: `kernel` fused (engine/model/fused_ops.py, its rms_norm
+    included), `F.rms_norm` the same with torch's F.rms_norm for the norm, `torch` torch's ops."""
+    if path not in ("kernel", "F.rms_norm", "torch"):
+        sys.exit(f"--fused: {path!r} is not kernel, F.rms_norm or torch")
     model = engine.runner.model
-    model.fused, model.fused_norm = (module if on else None), on and module is not None  # type: ignore[assignment]
+    on = path != "torch" and module is not None
+    model.fused, model.fused_norm = (module if on else None), on  # type: ignore[assignment]
+    model.norm_lanes = lanes if path == "kernel" else 0
 
 
 def main() -> None:
@@ -223,11 +230,13 @@ def main() -> None:
     print(f"{kind} matmul peak: {peak / 1e9:.0f} GFLOP/s on {args.threads} threads ({measured})")
     source = resolve_model(None)
     kv_dtypes = args.kv_cache_dtype.split(",")
-    engines: dict[str, tuple[Engine, object, int]] = {}  # kv dtype -> engine, its fused ops, exact rows
+    # kv dtype -> engine, its fused ops, exact rows, norm lanes
+    engines: dict[str, tuple[Engine, object, int, int]] = {}
     for kv in dict.fromkeys(kv_dtypes):
         config = EngineConfig(enable_prefix_caching=False, kv_cache_memory=4 * 1024**3, kv_cache_dtype=kv)
         engine = Engine.from_pretrained(source.path, config)
-        engines[kv] = (engine, engine.runner.model.fused, engine.runner.model.min_rows)
+        model = engine.runner.model
+        engines[kv] = (engine, model.fused, model.min_rows, model.norm_lanes)
     hf = None
     if not args.skip_hf:
         from transformers import AutoModelForCausalLM
@@ -256,10 +265,10 @@ def main() -> None:
         legs = ((kv, o, b, p, m) for kv in kv_dtypes for o in orders for p in args.fused.split(",")
                 for b in budgets for m in min_rows)
         for kv, order, budget, path, rows in legs:
-            engine, fused, exact_rows = engines[kv]
+            engine, fused, exact_rows, lanes = engines[kv]
             engine.config.max_batch_prefill_tokens = budget  # the scheduler reads the same config
             engine.config.admission_order = order
-            set_fused(engine, path == "kernel", fused)
+            set_fused(engine, path, fused, lanes)
             engine.runner.model.min_rows = exact_rows if rows == "exact" else int(rows)
             ours, overhead, latency = run_engine(engine, requests)
             label = f"{ours.name} @{budget}" + ("" if args.fused == "kernel" else f" {path}")

@@ -4,7 +4,8 @@
     .venv/bin/python bench/fused_ops.py --rows 64,512 --repeat 21
 
 Builds the default model's engine/model/llama.py Llama (fp32) and times its own methods on random
-inputs of the model's shapes: _rms_norm (the five-op norm vs F.rms_norm), _rope (cat + mul_ +
+inputs of the model's shapes: _rms_norm (the five-op norm vs fused_ops.cpp's rms_norm; F.rms_norm,
+what the fused path used before 2026-12-03, is timed beside them), _rope (cat + mul_ +
 addcmul vs one fused pass over q and k) and _act_mul (silu on the strided gate half, then the
 multiply, vs one fused pass), switching the model between the two paths (its `fused` and
 `fused_norm` attributes, what CONVEYOR_CPU_FUSED=torch sets) inside each repeat, so that both legs
@@ -23,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -35,7 +37,7 @@ LEGS = ("torch", "fused")
 
 def set_path(model: Llama, leg: str, module: object) -> None:
     model.fused = module if leg == "fused" else None  # type: ignore[assignment]
-    model.fused_norm = leg == "fused"
+    model.fused_norm = leg == "fused"  # with the module: its rms_norm, at model.norm_lanes
 
 
 def per_call(fn: Callable[[], object], calls: int) -> float:
@@ -71,6 +73,12 @@ def bench_rows(model: Llama, module: object, rows: int, repeat: int, g: torch.Ge
             step[leg] += best[leg] * per_layer * model.num_layers
         print(f"| {rows} | {name} | {1e6 * best['torch']:.1f} | {1e6 * best['fused']:.1f} | "
               f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}) |")
+    weight = layer.input_norm
+    def f_norm() -> torch.Tensor:
+        return F.rms_norm(h, weight.shape, weight, model.eps)
+
+    f_rms_norm = min(per_call(f_norm, calls) for _ in range(repeat))
+    print(f"| {rows} | rms_norm as F.rms_norm | {1e6 * f_rms_norm:.1f} | | |")
     print(f"| {rows} | all layers, per step | {1e3 * step['torch']:.2f} ms | "
           f"{1e3 * step['fused']:.2f} ms | {step['torch'] / step['fused']:.2f} |")
 

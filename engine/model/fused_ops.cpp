@@ -100,7 +100,82 @@ void rope_head(const float* x, const float* c, const float* s, float* o, int64_t
   }
 }
 
+// Sum of squares of one row, in the order torch's CPU sum reduces a contiguous row of x.pow(2)
+// (ATen/native/cpu/SumKernel.cpp, vectorized_inner_sum: `lanes` = its Vectorized<float>::size()
+// under the capability torch dispatches to, 16 for AVX512, 8 for AVX2): lane-wise vector sums
+// into 4 interleaved accumulators, cascaded every 16 vector groups (multi_row_sum), combined
+// 0+1+2+3; then a scalar sum starting from the row's tail past the last whole vector, then the
+// lanes in order. Every square is rounded before it is added (-ffp-contract=off), as torch
+// materialises pow(2) first. The lane loops are independent float adds: any vectorisation by the
+// compiler gives the same bits.
+float sum_of_squares(const float* x, int64_t n, int64_t lanes) {
+  constexpr int64_t kIlp = 4, kLevels = 4, kMaxLanes = 16;
+  const int64_t vectors = n / lanes, groups = vectors / kIlp;
+  // CeilLog2(groups) / 4 is under 4 for any row shorter than 2^16 groups: torch's floor of 4 rules.
+  int64_t ceil_log2 = 1;
+  while (groups > 2 && (int64_t{1} << ceil_log2) < groups) ++ceil_log2;
+  const int64_t power = std::max<int64_t>(4, ceil_log2 / kLevels), step = int64_t{1} << power;
+  const int64_t mask = step - 1;
+  float acc[kLevels][kIlp][kMaxLanes] = {};
+  auto add_group = [&](int64_t g) {
+    for (int64_t k = 0; k < kIlp; ++k) {
+      const float* v = x + (g * kIlp + k) * lanes;
+      for (int64_t l = 0; l < lanes; ++l) acc[0][k][l] += v[l] * v[l];
+    }
+  };
+  int64_t i = 0;
+  while (i + step <= groups) {
+    for (int64_t j = 0; j < step; ++j, ++i) add_group(i);
+    for (int64_t level = 1; level < kLevels; ++level) {
+      for (int64_t k = 0; k < kIlp; ++k)
+        for (int64_t l = 0; l < lanes; ++l) {
+          acc[level][k][l] += acc[level - 1][k][l];
+          acc[level - 1][k][l] = 0.0f;
+        }
+      if ((i & (mask << (level * power))) != 0) break;
+    }
+  }
+  for (; i < groups; ++i) add_group(i);
+  for (int64_t level = 1; level < kLevels; ++level)
+    for (int64_t k = 0; k < kIlp; ++k)
+      for (int64_t l = 0; l < lanes; ++l) acc[0][k][l] += acc[level][k][l];
+  // row_sum: the vectors left over after the groups go into accumulator 0, then 0 += 1, 2, 3
+  for (int64_t v = groups * kIlp; v < vectors; ++v)
+    for (int64_t l = 0; l < lanes; ++l) acc[0][0][l] += x[v * lanes + l] * x[v * lanes + l];
+  for (int64_t k = 1; k < kIlp; ++k)
+    for (int64_t l = 0; l < lanes; ++l) acc[0][0][l] += acc[0][k][l];
+  float total = 0.0f;
+  for (int64_t j = vectors * lanes; j < n; ++j) total += x[j] * x[j];
+  for (int64_t l = 0; l < lanes; ++l) total += acc[0][0][l];
+  return total;
+}
+
 }  // namespace
+
+// out = x * rsqrt(mean(x^2) + eps) * weight per row, rounded as F.rms_norm's ops round it on CPU:
+// the sum above, / n, + eps, 1 / sqrt, then (x * r) * w, each rounded to float32.
+void rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, int64_t lanes, at::Tensor& out) {
+  check_rows(x, "x");
+  check_rows(out, "out");
+  const int64_t rows = x.size(0), n = x.size(1);
+  TORCH_CHECK(lanes == 8 || lanes == 16, "lanes must be 8 or 16 (torch's Vectorized<float>::size())");
+  TORCH_CHECK(n >= lanes, "rows shorter than a vector take another path in torch's sum");
+  TORCH_CHECK(weight.device().is_cpu() && weight.scalar_type() == at::kFloat && weight.is_contiguous() &&
+              weight.numel() == n, "weight must be a contiguous float32 CPU vector of x.size(1) elements");
+  TORCH_CHECK(out.size(0) == rows && out.size(1) == n, "out must be the shape of x");
+  const float *xp = x.data_ptr<float>(), *wp = weight.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t xs = x.stride(0), os = out.stride(0);
+  const float eps_f = static_cast<float>(eps), count = static_cast<float>(n);
+  at::parallel_for(0, rows, grain(n), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* row = xp + r * xs;
+      const float inv = 1.0f / std::sqrt(sum_of_squares(row, n, lanes) / count + eps_f);
+      float* dst = op + r * os;
+      for (int64_t j = 0; j < n; ++j) dst[j] = row[j] * inv * wp[j];
+    }
+  });
+}
 
 void silu_and_mul(const at::Tensor& gate_up, at::Tensor& out) {
   check_rows(gate_up, "gate_up");
@@ -142,4 +217,5 @@ void rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul", &silu_and_mul, "out = silu(gate) * up, gate_up = [gate | up] per row");
   m.def("rope", &rope, "out = x * cos + rotate_half(x) * sin for the first `heads` heads of x");
+  m.def("rms_norm", &rms_norm, "out = x * rsqrt(mean(x^2) + eps) * weight per row, F.rms_norm's bits");
 }

@@ -1,7 +1,8 @@
 """engine/model/fused_ops.cpp against the torch ops the Llama forward ran before it (and still runs
 without a compiler): rope bit for bit, silu_and_mul bit for bit where torch's vectorised kernel
 runs (rows a multiple of 32 long, as every supported model's MLP is) and within 2 ulps in torch's
-scalar tail, F.rms_norm bit for bit against the five-op norm; per row, so alone or in any batch."""
+scalar tail, F.rms_norm bit for bit against the five-op norm, and the fused rms_norm bit for bit
+against F.rms_norm; per row, so alone or in any batch."""
 
 from __future__ import annotations
 
@@ -103,6 +104,48 @@ def test_torch_rms_norm_is_the_five_op_norm_bit_for_bit(rows: int, hidden: int) 
     got = F.rms_norm(x, (hidden,), weight, 1e-5)
     assert torch.equal(got, five_op_rms_norm(x, weight, 1e-5))
     assert torch.equal(F.rms_norm(x[-1:], (hidden,), weight, 1e-5)[0], got[-1])  # alone == in a batch
+
+
+# Rows long enough for torch's sum to cascade (2048: 64 vector groups at 8 lanes; 16384 two
+# levels), a scalar tail (100, 1000: not a multiple of 16), the default model's 576.
+NORM_WIDTHS = [64, 100, 576, 960, 1000, 2048, 16384]
+
+
+@pytest.mark.parametrize("hidden", NORM_WIDTHS)
+def test_fused_rms_norm_is_f_rms_norm_bit_for_bit(ops, hidden: int) -> None:  # noqa: ANN001
+    lanes = fused_ops.norm_lanes(hidden, 1e-5)
+    assert lanes in (8, 16)  # a width was found at which every check row matched
+    weight = randn(hidden, seed=hidden, scale=1.0)
+    for rows, scale in ((1, 3.0), (7, 1e-4), (65, 40.0), (600, 1.0)):
+        x = randn(rows, hidden, seed=rows + hidden, scale=scale)
+        x[0, :3] = torch.tensor([0.0, 1e-30, -1e4])  # a zero, a denormal square, a large one
+        out = torch.full_like(x, float("nan"))
+        ops.rms_norm(x, weight, 1e-5, lanes, out)
+        assert torch.equal(out, F.rms_norm(x, (hidden,), weight, 1e-5))
+
+
+def test_fused_rms_norm_rows_do_not_depend_on_the_batch_and_read_strided_rows(ops) -> None:  # noqa: ANN001
+    lanes = fused_ops.norm_lanes(576, 1e-6)
+    wide, weight = randn(300, 600, seed=3), randn(576, seed=4, scale=1.0)
+    x = wide[:, 10:586]  # row stride 600
+    out = torch.empty(300, 576)
+    ops.rms_norm(x, weight, 1e-6, lanes, out)
+    assert torch.equal(out, F.rms_norm(x, (576,), weight, 1e-6))
+    for r in (0, 150, 299):
+        alone = torch.empty(1, 576)
+        ops.rms_norm(x[r : r + 1], weight, 1e-6, lanes, alone)
+        assert torch.equal(alone[0], out[r])
+
+
+def test_fused_rms_norm_at_the_wrong_width_is_not_f_rms_norm(ops) -> None:  # noqa: ANN001
+    # The order matters: the other width gives other bits, so norm_lanes' check can tell them apart.
+    lanes = fused_ops.norm_lanes(576, 1e-5)
+    x, weight = randn(64, 576, seed=5), randn(576, seed=6, scale=1.0)
+    out = torch.empty_like(x)
+    ops.rms_norm(x, weight, 1e-5, 24 - lanes, out)
+    assert not torch.equal(out, F.rms_norm(x, (576,), weight, 1e-5))
+    with pytest.raises(RuntimeError, match="lanes must be 8 or 16"):
+        ops.rms_norm(x, weight, 1e-5, 4, out)
 
 
 def test_turned_off_by_the_env(monkeypatch: pytest.MonkeyPatch) -> None:
