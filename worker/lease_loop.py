@@ -62,5 +62,6 @@ class LeaseLoop:
         jobs = self.owned.jobs()
         lost = await self.lease.renew([job.ref for job in jobs])
         for job in jobs:
-            if job.ref in lost and self.owned.get(job.job_id) is job:
+            # An ended job's entry may have been acknowledged while the renewal ran: not lost.
+            if job.ref in lost and not job.ended and self.owned.get(job.job_id) is job:
                 self.lose(job)

@@ -29,6 +29,9 @@ class InFlight:
     spec: JobSpec | None = None  # tenant, webhook, trace context: for what its end sets off
     choices: Choices | None = None  # a multi-choice job's progress (worker/choices.py)
     stream: str = ""  # the jobs stream its entry lives on (shard × band); "" for none (tests)
+    # Its final event is written; its entry is being acknowledged, so a lease renewal racing the
+    # ack finds it gone from the group's pending entries: ended, not taken over.
+    ended: bool = False
 
     @property
     def next_index(self) -> int:

@@ -68,6 +68,7 @@ class Publisher:
             if result == 0:
                 out.lost.append(job)
             elif event.final:
+                job.ended = True  # before the ack: the lease loop must not read it as lost
                 out.ended.append(job)
                 if event.result is not None:
                     finals.append((job, event.result))

@@ -14,7 +14,9 @@ from schemas.keys import WORKER_GROUP, Keys
 from schemas.queue import ensure_group
 from schemas.settings import Settings
 from worker.lease import Lease
+from worker.lease_loop import LeaseLoop
 from worker.outage import FIRST_DELAY_S, Backoff, outage_cap, until_up
+from worker.owned import InFlight, Owned
 from worker.scripts import Scripts
 
 LEASE_MS = 500
@@ -90,3 +92,27 @@ async def test_until_up_retries_redis_faults_only() -> None:
 
     with pytest.raises(ValueError):
         await until_up("test", broken, 0.01)
+
+
+async def test_a_renewal_racing_a_final_ack_does_not_drop_the_ended_job(redis) -> None:  # type: ignore[no-untyped-def]
+    # The publisher writes a job's final event, then acknowledges its entry; a renewal that was
+    # already under way then finds the entry gone from the pending list. That job ended here: it must
+    # not be logged and dropped as taken over. An entry gone while its job still runs here is lost.
+    keys = Keys(f"lease{uuid.uuid4().hex[:8]}", jobs_shards=3)
+    await ensure_group(redis, keys)
+    stream = STREAM(keys)
+    ids = [await redis.xadd(stream, {"id": name, "spec": "{}"}) for name in ("ended", "running")]
+    await redis.xreadgroup(WORKER_GROUP, "w0", {stream: ">"}, count=2)
+    owned = Owned()
+    jobs = [InFlight(job_id=name, entry_id=entry_id, created_at=0.0, stream=stream)
+            for name, entry_id in zip(("ended", "running"), ids, strict=True)]
+    for job in jobs:
+        owned.add(job)
+    jobs[0].ended = True  # its final event is written (worker/publisher.py sets it before the ack)
+    await redis.xack(stream, WORKER_GROUP, *ids)
+    lost: list[InFlight] = []
+    lease = Lease(redis, keys, Scripts(redis), "w0", LEASE_MS)
+    loop = LeaseLoop(lease, owned, None, None, None, None, None, lost.append,  # type: ignore[arg-type]
+                     lambda: False, 1.0, None)  # type: ignore[arg-type]
+    await loop._renew()
+    assert lost == [jobs[1]]
