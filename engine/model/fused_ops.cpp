@@ -101,8 +101,9 @@ void rope_head(const float* x, const float* c, const float* s, float* o, int64_t
 }
 
 // Sum of squares of one row, in the order torch's CPU sum reduces a contiguous row of x.pow(2)
-// (ATen/native/cpu/SumKernel.cpp, vectorized_inner_sum: `lanes` = its Vectorized<float>::size()
-// under the capability torch dispatches to, 16 for AVX512, 8 for AVX2): lane-wise vector sums
+// (ATen/native/cpu/SumKernel.cpp, vectorized_inner_sum: `lanes` = the vector width that kernel
+// sums in here, found at load by fused_ops.norm_lanes; 8 under torch 2.13 on this AVX-512 CPU,
+// not the 16 its capability would suggest): lane-wise vector sums
 // into 4 interleaved accumulators, cascaded every 16 vector groups (multi_row_sum), combined
 // 0+1+2+3; then a scalar sum starting from the row's tail past the last whole vector, then the
 // lanes in order. Every square is rounded before it is added (-ffp-contract=off), as torch

@@ -74,7 +74,8 @@ class Llama:
         self.fused: ModuleType | None = fused_ops.for_model(device, dtype)
         # F.rms_norm for float32 on CPU: one op, the same bits as _rms_norm's five (tests check it);
         # with the fused module, its rms_norm at the vector width that gives F.rms_norm's bits here
-        # (0: none does, F.rms_norm). One pass instead of five ops: ~60 µs a call at decode sizes.
+        # (0: none does, F.rms_norm). One pass instead of F.rms_norm's five ops: about half its time
+        # a call at decode sizes (bench/fused_ops.py).
         self.fused_norm = cpu and dtype == torch.float32 and fused_ops.enabled()
         self.norm_lanes = fused_ops.norm_lanes(self.hidden_size, self.eps) if self.fused is not None else 0
         self._workspace: dict[str, torch.Tensor] = {}
