@@ -53,10 +53,11 @@ def bench_rows(model: Llama, module: object, rows: int, repeat: int, g: torch.Ge
     h = torch.randn(rows, model.hidden_size, generator=g)
     qkv = torch.randn(rows, layer.qkv.out_features, generator=g)
     gate_up = torch.randn(rows, 2 * model.intermediate_size, generator=g) * 3
-    cos, sin = model.rope(torch.randint(0, 2048, (rows,), generator=g))
+    cos, sin = (t.reshape(rows, -1) for t in model.rope(torch.randint(0, 2048, (rows,), generator=g)))
+    qk = torch.empty(rows, model.num_heads + model.num_kv_heads, model.head_dim)
     ops: dict[str, tuple[Callable[[], object], int]] = {  # op: (one call, calls per layer)
         "rms_norm": (lambda: model._rms_norm(h, layer.input_norm), 2),
-        "rope (q and k)": (lambda: model._rope(qkv, cos, sin), 1),
+        "rope (q and k)": (lambda: model._rope(qkv, cos, sin, qk), 1),
         "silu(gate) * up": (lambda: model._act_mul(gate_up), 1),
     }
     calls = max(3, 20000 // rows)

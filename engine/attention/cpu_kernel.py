@@ -120,11 +120,14 @@ def paged_decode(
     context: torch.Tensor,
     scale: float,
     window: int | None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """[rows, heads, head_dim] attention of one query per row over its paged context."""
+    """[rows, heads, head_dim] attention of one query per row over its paged context, into `out`
+    when given. q's and out's rows may be strided (each row's heads contiguous)."""
     module = load()
     assert module is not None, "paged_decode called without a built kernel"
-    return module.paged_decode(q, k_cache, v_cache, tables, context, scale, -1 if window is None else window)
+    return module.paged_decode(q, k_cache, v_cache, tables, context, scale, -1 if window is None else window,
+                               out=out)
 
 
 def prefill_enabled() -> bool:

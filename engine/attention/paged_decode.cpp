@@ -25,7 +25,7 @@
 // Only the torch headers used here: <torch/extension.h> takes ~30 s to parse per file.
 #include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
-#include <ATen/ops/empty_like.h>
+#include <ATen/ops/empty.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
@@ -33,6 +33,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "kv_load.h"
@@ -306,13 +307,13 @@ void reduce_row(const float* part_out, const float* part_max, const float* part_
 
 }  // namespace
 
-// q [rows, heads, D]; caches [blocks, kv, bs, D] (K's last two dims hold [D, bs]); tables [rows, width] int32; context [rows] int32.
+// q, out [rows, heads, D] (rows may be strided); caches [blocks, kv, bs, D] (K's last two dims hold [D, bs]); tables [rows, width] int32; context [rows] int32.
 // Row r attends to positions [max(0, ctx - window), ctx) (window < 0: no window), in partitions of
 // `partition` tokens.
 // T: the caches' element, float or bf16_bits (kv_load.h); paged_decode below checks and dispatches.
 template <typename T>
-at::Tensor decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor tables, at::Tensor context,
-                  double scale, int64_t window, int64_t partition) {
+void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& tables,
+            const at::Tensor& context, double scale, int64_t window, int64_t partition, at::Tensor& out) {
   TORCH_CHECK(tables.scalar_type() == at::kInt && tables.is_contiguous() && tables.dim() == 2, "tables: int32 [rows, width]");
   TORCH_CHECK(context.scalar_type() == at::kInt && context.is_contiguous(), "context: int32 [rows]");
   TORCH_CHECK(partition > 0, "partition: tokens per partition, > 0");
@@ -320,8 +321,8 @@ at::Tensor decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tens
   const int64_t KV = k_cache.size(1), bs = k_cache.size(2), nblocks = k_cache.size(0);
   TORCH_CHECK(k_cache.size(3) == D && H % KV == 0 && tables.size(0) == rows && context.numel() == rows, "shape mismatch");
   const int64_t G = H / KV, width = tables.size(1), head_stride = bs * D, block_stride = KV * bs * D;
-  auto out = at::empty_like(q);
   const float* qp = q.data_ptr<float>();
+  const int64_t q_row = q.stride(0), out_row = out.stride(0);
   const T* kp = static_cast<const T*>(k_cache.data_ptr());
   const T* vp = static_cast<const T*>(v_cache.data_ptr());
   const int32_t* tp = tables.data_ptr<int32_t>();
@@ -373,7 +374,7 @@ at::Tensor decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tens
       const Task task = tasks[t];
       const int64_t r = task.row, n_ctx = task.hi - task.lo;
       // Scale folded into the queries once instead of into every score.
-      for (int64_t i = 0; i < H * D; ++i) qs[i] = qp[r * H * D + i] * fscale;
+      for (int64_t i = 0; i < H * D; ++i) qs[i] = qp[r * q_row + i] * fscale;
       std::fill(o.begin(), o.end(), 0.f);
       for (int64_t pos = task.lo; pos < task.hi;) {  // pass 1: scores, s[(kv head * G + g) * n_ctx + pos - lo]
         const int64_t b = pos / bs, off = pos % bs, n = std::min(bs - off, task.hi - pos);
@@ -405,31 +406,39 @@ at::Tensor decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tens
         pos += n;
       }
       if (task.slot < 0) {
-        std::copy(o.begin(), o.end(), op + r * H * D);
+        std::copy(o.begin(), o.end(), op + r * out_row);
         continue;
       }
       std::copy(o.begin(), o.end(), pout + task.slot * H * D);
       // acq_rel: the reducing thread sees the partitions the other threads wrote.
       if (pending[task.split].fetch_sub(1, std::memory_order_acq_rel) == 1) {
         const int64_t s0 = first_slot[task.split];
-        reduce_row(pout, pmax, psum, s0, first_slot[task.split + 1] - s0, H, D,
-                   op + r * H * D);
+        reduce_row(pout, pmax, psum, s0, first_slot[task.split + 1] - s0, H, D, op + r * out_row);
       }
     }
   });
+}
 
-  return out;
+// Whether each of t's rows [heads, D] is one contiguous run of floats (rows themselves may be
+// strided: q is a view into the fused q|k projection, out may be rows of a larger buffer).
+bool rows_packed(const at::Tensor& t) {
+  return t.dim() == 3 && t.scalar_type() == at::kFloat && t.device().is_cpu() && t.stride(2) == 1 &&
+         t.stride(1) == t.size(2) && t.stride(0) >= t.size(1) * t.size(2);
 }
 
 at::Tensor paged_decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor tables,
-                        at::Tensor context, double scale, int64_t window, int64_t partition) {
-  TORCH_CHECK(q.dim() == 3 && q.is_contiguous() && q.scalar_type() == at::kFloat, "q: contiguous fp32 [rows, heads, D]");
+                        at::Tensor context, double scale, int64_t window, int64_t partition,
+                        std::optional<at::Tensor> out_arg) {
+  TORCH_CHECK(rows_packed(q), "q: fp32 [rows, heads, D], each row's heads contiguous");
   const auto kind = k_cache.scalar_type();
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && (kind == at::kFloat || kind == at::kBFloat16) &&
                   v_cache.scalar_type() == kind && k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(),
               "caches: contiguous fp32 or bf16 (both the same) [blocks, kv_heads, block_size, D]");
-  if (kind == at::kBFloat16) return decode<bf16_bits>(q, k_cache, v_cache, tables, context, scale, window, partition);
-  return decode<float>(q, k_cache, v_cache, tables, context, scale, window, partition);
+  at::Tensor out = out_arg.has_value() ? *out_arg : at::empty(q.sizes(), q.options());
+  TORCH_CHECK(rows_packed(out) && out.sizes() == q.sizes(), "out: fp32 of q's shape, each row's heads contiguous");
+  if (kind == at::kBFloat16) decode<bf16_bits>(q, k_cache, v_cache, tables, context, scale, window, partition, out);
+  else decode<float>(q, k_cache, v_cache, tables, context, scale, window, partition, out);
+  return out;
 }
 
 // The widest vector paths this build compiled (it is built with -march=native for this CPU).
@@ -449,5 +458,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // reductions, larger leaves threads idle on a few long rows (bench/decode_attention.py sweeps it).
   m.def("paged_decode", &paged_decode, "paged decode attention (fp32 queries, fp32 or bf16 cache; CPU)", py::arg("q"), py::arg("k_cache"),
         py::arg("v_cache"), py::arg("tables"), py::arg("context"), py::arg("scale"), py::arg("window"),
-        py::arg("partition") = 256);
+        py::arg("partition") = 256, py::arg("out") = py::none());
 }

@@ -98,6 +98,7 @@ class TorchAttention:
         self._workspace = [
             torch.empty(0, dtype=geometry.cache_dtype, device=geometry.device) for _ in range(2)
         ]
+        self._out = torch.empty(0, dtype=geometry.dtype)  # see _output
         # Built (or loaded from its cache) here, at startup, rather than inside the first step.
         on_cpu = geometry.device.type == "cpu" and geometry.dtype == torch.float32
         on_cpu = on_cpu and geometry.cache_dtype in (torch.float32, torch.bfloat16)
@@ -200,13 +201,13 @@ class TorchAttention:
             v_cache.transpose(1, 2).index_put_(meta.where, v.to(v_cache.dtype))
         if meta.prefills and k_cache.dtype != q.dtype:  # SDPA on a fresh prompt reads k/v, not the cache:
             k, v = k.to(k_cache.dtype).to(q.dtype), v.to(v_cache.dtype).to(q.dtype)  # the cache's values
-        out = q.new_empty(q.shape)
+        out = self._output(q.shape)
         if meta.paged is not None:
             p = meta.paged
             n = p.context.numel()
-            out[:n] = cpu_kernel.paged_decode(
-                q[:n].contiguous(), k_cache, v_cache, p.tables, p.context, self.g.scale, window
-            )
+            rows = slice(None) if n == q.shape[0] else slice(n)
+            cpu_kernel.paged_decode(q[rows], k_cache, v_cache, p.tables, p.context, self.g.scale, window,
+                                    out=out[rows])
         for i, grp in enumerate(meta.decode):
             self._decode(q, k_cache, v_cache, grp, self._mask(meta, 0, i, window), out)
         if meta.paged_prefill is not None:
@@ -216,6 +217,17 @@ class TorchAttention:
         for i, chunk in enumerate(meta.prefills):
             self._prefill(q, k, v, k_cache, v_cache, chunk, self._mask(meta, 1, i, window), out)
         return out.view(q.shape[0], self.g.num_heads * hd)
+
+    def _output(self, shape: torch.Size) -> torch.Tensor:
+        """The attention's output [T, heads, head_dim]: on CPU a buffer reused by every layer (the
+        o projection has read the last layer's before the next one writes it), where a fresh tensor
+        per layer costs an allocation and, at prefill sizes, page faults."""
+        if self.g.device.type != "cpu":
+            return torch.empty(shape, dtype=self.g.dtype, device=self.g.device)
+        size = shape[0] * shape[1] * shape[2]
+        if self._out.numel() < size:
+            self._out = torch.empty(size, dtype=self.g.dtype)
+        return self._out[:size].view(shape)
 
     def _decode(
         self,

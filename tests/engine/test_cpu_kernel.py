@@ -126,6 +126,28 @@ def test_batch_invariant() -> None:
         assert torch.equal(alone[0], full[i])
 
 
+@needs_kernel
+def test_strided_queries_and_output_buffer() -> None:
+    """q as the model hands it (the first heads of the rotated q|k rows) and rows of a larger
+    output buffer: the same bits as contiguous q into a fresh tensor, nothing outside the rows
+    written; rows whose heads are not contiguous are refused."""
+    q, k_cache, v_cache, _, ctxs, padded = _case(10, 9, 3, 64, 16, seed=2, max_ctx=600)
+    ctx = torch.tensor(ctxs, dtype=torch.int32)
+    want = cpu_kernel.paged_decode(q, k_cache, v_cache, padded, ctx, 0.125, None)
+    qk = torch.randn(10, 12, 64)
+    qk[:, :9] = q
+    buffer = torch.full((14, 9, 64), 7.0)
+    got = cpu_kernel.paged_decode(qk[:, :9], k_cache, v_cache, padded, ctx, 0.125, None, out=buffer[:10])
+    assert got.data_ptr() == buffer.data_ptr()
+    assert torch.equal(buffer[:10], want)
+    assert torch.equal(buffer[10:], torch.full((4, 9, 64), 7.0))
+    with pytest.raises(RuntimeError, match="each row's heads contiguous"):
+        cpu_kernel.paged_decode(q.transpose(1, 2).contiguous().transpose(1, 2), k_cache, v_cache, padded, ctx,
+                                0.125, None)
+    with pytest.raises(RuntimeError, match="out: fp32 of q's shape"):
+        cpu_kernel.paged_decode(q, k_cache, v_cache, padded, ctx, 0.125, None, out=buffer[:9])
+
+
 def assert_same_as_widened(bf16_out: torch.Tensor, widened_out: torch.Tensor, hd: int) -> None:
     """A bfloat16 cache reads as its exact fp32 widening: bitwise the same result where the vector
     paths cover the head; within fp32 rounding where a scalar tail runs (head_dim not a multiple of
