@@ -11,7 +11,7 @@ decode rows), pure decode. For each kind it prints the share of step time of eac
 markdown table, and the model FLOP utilisation (bench/engine.py's FLOPs over the fp32 matmul peak
 measured at the start of the same run), also as it would be were every piece but the GEMMs free (the
 GEMMs' own speed at these steps' row counts: the ceiling of the workload's shapes); pure decode
-steps again by batch rows. Writes everything
+steps again by batch rows, with each piece's ms per step. Writes everything
 as JSON too. The timers cost ~1 µs a wrapped call (measured and printed), under 1 % of a step.
 """
 
@@ -108,6 +108,20 @@ def table(by_kind: dict[str, dict], overall: dict) -> str:
         f"{100 * s['flop_utilisation']:.1f} %" for s in stats) + " |")
     lines.append("| same, were every piece but the GEMMs free | " + " | ".join(
         f"{100 * s['gemm_only_utilisation']:.1f} %" for s in stats) + " |")
+    return "\n".join(lines)
+
+
+def bucket_table(buckets: dict[str, dict]) -> str:
+    """Pure-decode steps by batch rows: ms per step of each piece (the per-op costs that do not
+    shrink with the batch show here, where the shares hide them)."""
+    cols = [rows for rows, s in buckets.items() if s["steps"]]
+    lines = ["| ms per pure-decode step | " + " | ".join(f"{rows} rows" for rows in cols) + " |",
+             "|---" * (len(cols) + 1) + "|"]
+    for label, names in CATEGORIES.items():
+        lines.append(f"| {label} | " + " | ".join(
+            f"{1e3 * sum(buckets[c]['pieces_s'].get(n, 0.0) for n in names) / buckets[c]['steps']:.2f}"
+            for c in cols) + " |")
+    lines.append("| step | " + " | ".join(f"{buckets[c]['ms_per_step']:.2f}" for c in cols) + " |")
     return "\n".join(lines)
 
 
@@ -212,6 +226,7 @@ def main() -> None:
             f"{rows}: {s['steps']} steps, {s['ms_per_step']:.0f} ms, "
             f"{100 * s['flop_utilisation']:.0f} % FLOP util."
             for rows, s in buckets.items() if s["steps"]))
+        print(bucket_table(buckets))
         per_step = timer.calls / max(1, len(records))
         print(f"timer: {per_step:.0f} wrapped calls a step x {cost * 1e6:.2f} µs = "
               f"{100 * per_step * cost / (overall['seconds'] / max(1, len(records))):.2f} % of a step"

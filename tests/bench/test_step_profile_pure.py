@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.step_profile import kind, summarize
+from bench.step_profile import bucket_table, kind, summarize
 from engine.step_timing import StepRecord
 
 
@@ -27,3 +27,16 @@ def test_summary_utilisation_and_its_gemm_only_ceiling() -> None:
 def test_summary_of_no_steps_is_zero_not_a_division_error() -> None:
     out = summarize([], 1.0, 2.0, 3.0)
     assert out["steps"] == 0 and out["flop_utilisation"] == 0.0 and out["gemm_only_utilisation"] == 0.0
+
+
+def test_bucket_table_gives_each_piece_in_ms_per_step_and_skips_empty_buckets() -> None:
+    steps = [StepRecord(decode_rows=8, prefill_tokens=0, sampled_rows=8, seconds=0.04,
+                        pieces={"gemm": 0.03, "norm": 0.001, "forward": 0.002, "decode_attention": 0.007})
+             for _ in range(2)]
+    buckets = {"16-31": summarize([], 1.0, 1.0, 1.0), "1-15": summarize(steps, 1.0, 1.0, 1.0)}
+    lines = bucket_table(buckets).splitlines()
+    assert lines[0] == "| ms per pure-decode step | 1-15 rows |"
+    rows = dict(line.strip("|").split("|")[:2] for line in lines[2:])
+    assert rows[" norms, RoPE, activations, embedding "].strip() == "3.00"  # (1 + 2) ms a step
+    assert rows[" decode attention "].strip() == "7.00"
+    assert rows[" step "].strip() == "40.00"
