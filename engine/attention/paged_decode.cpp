@@ -421,9 +421,11 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
 
 // Whether each of t's rows [heads, D] is one contiguous run of floats (rows themselves may be
 // strided: q is a view into the fused q|k projection, out may be rows of a larger buffer).
+// A dimension of size 1 may carry any stride (torch leaves it free), as is_contiguous allows.
 bool rows_packed(const at::Tensor& t) {
-  return t.dim() == 3 && t.scalar_type() == at::kFloat && t.device().is_cpu() && t.stride(2) == 1 &&
-         t.stride(1) == t.size(2) && t.stride(0) >= t.size(1) * t.size(2);
+  return t.dim() == 3 && t.scalar_type() == at::kFloat && t.device().is_cpu() &&
+         (t.size(2) <= 1 || t.stride(2) == 1) && (t.size(1) <= 1 || t.stride(1) == t.size(2)) &&
+         (t.size(0) <= 1 || t.stride(0) >= t.size(1) * t.size(2));
 }
 
 at::Tensor paged_decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor tables,

@@ -144,6 +144,11 @@ def test_strided_queries_and_output_buffer() -> None:
     with pytest.raises(RuntimeError, match="each row's heads contiguous"):
         cpu_kernel.paged_decode(q.transpose(1, 2).contiguous().transpose(1, 2), k_cache, v_cache, padded, ctx,
                                 0.125, None)
+    one_head = q[:, :1].clone()  # a size-1 dimension's stride is free: still accepted
+    k1, v1 = k_cache[:, :1].contiguous(), v_cache[:, :1].contiguous()
+    odd_stride = one_head.as_strided(one_head.shape, (64, 7, 1))
+    assert torch.equal(cpu_kernel.paged_decode(odd_stride, k1, v1, padded, ctx, 0.125, None),
+                       cpu_kernel.paged_decode(one_head, k1, v1, padded, ctx, 0.125, None))
     with pytest.raises(RuntimeError, match="out: fp32 of q's shape"):
         cpu_kernel.paged_decode(q, k_cache, v_cache, padded, ctx, 0.125, None, out=buffer[:9])
 
