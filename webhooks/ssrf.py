@@ -140,8 +140,8 @@ async def check(host: str, port: int, allow: Allow) -> Refusal | None:
         return verdict if isinstance(verdict, Refusal) else None
     loop = asyncio.get_running_loop()
     try:
-        infos = await asyncio.wait_for(loop.getaddrinfo(host, port, type=socket.SOCK_STREAM),
-                                       RESOLVE_TIMEOUT_S)
+        async with asyncio.timeout(RESOLVE_TIMEOUT_S):  # (wait_for may drop a cancel on Python 3.11)
+            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (OSError, TimeoutError):
         return None
     verdict = judge(host, port, _addresses(infos), allow)

@@ -69,8 +69,12 @@ class WorkerAffinity:
         the gone ones."""
         if self.enabled:
             hashes: list[int] | None = None
-            with suppress(TimeoutError):  # an engine step longer than that: publish next time
-                hashes = await asyncio.wait_for(thread.cached_prefixes(SUMMARY_MAX_BLOCKS), timeout_s)
+            # An engine step longer than that: publish next time. Not wait_for: on Python 3.11 it
+            # returns the result when the task is cancelled just as the summary arrives (a worker's
+            # stop), and the heartbeat loop then never ended.
+            with suppress(TimeoutError):
+                async with asyncio.timeout(timeout_s):
+                    hashes = await thread.cached_prefixes(SUMMARY_MAX_BLOCKS)
             if hashes is not None:
                 summary = encode_summary(self.block_size, hashes)
                 await self.redis.set(self.keys.prefixes(self.worker_id), summary, px=self.lease_ms)

@@ -157,13 +157,17 @@ class Worker:
         await self.affinity.withdraw()  # the api places nothing more here
         timeout = self.settings.drain_timeout
         log.info("draining: no new jobs; %d running get %.0fs to finish", len(self.owned), timeout)
+        # asyncio.timeout, not wait_for, which on Python 3.11 may drop a cancel (worker/affinity.py)
         with suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(read), READ_BLOCK_MS / 1000 + 5)
+            async with asyncio.timeout(READ_BLOCK_MS / 1000 + 5):
+                await asyncio.shield(read)
         with suppress(TimeoutError):
-            await asyncio.wait_for(self.owned.idle.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self.owned.idle.wait()
         await asyncio.to_thread(self.thread.stop)
         with suppress(TimeoutError):  # publish what the engine computed before it stopped
-            await asyncio.wait_for(self._outputs.join(), 30)
+            async with asyncio.timeout(30):
+                await self._outputs.join()
         left = self.owned.jobs()
         if left:
             log.info("handing %d unfinished job(s) to other workers", len(left))

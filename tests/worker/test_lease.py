@@ -4,6 +4,7 @@ Redis is back are never taken; and the worker's waits while Redis is down stay w
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import pytest
@@ -116,3 +117,27 @@ async def test_a_renewal_racing_a_final_ack_does_not_drop_the_ended_job(redis) -
                      lambda: False, 1.0, None)  # type: ignore[arg-type]
     await loop._renew()
     assert lost == [jobs[1]]
+
+
+async def test_a_heartbeat_cancelled_as_the_prefix_summary_arrives_ends(local) -> None:  # type: ignore[no-untyped-def]
+    """A worker's stop cancels its heartbeat loop; if the engine thread's prefix summary arrives
+    in the same turn of the event loop, the cancel must still end the beat (Python 3.11's
+    asyncio.wait_for returned the summary instead, and the worker never stopped: a CI hang)."""
+    from worker.affinity import WorkerAffinity
+
+    summary: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
+    asked = asyncio.Event()
+
+    class Thread:  # the engine thread's side: the summary is settled later, by the test
+        def cached_prefixes(self, limit: int) -> asyncio.Future[list[int]]:
+            asked.set()
+            return summary
+
+    affinity = WorkerAffinity(local.redis, local.keys, None, "w-cancel", True, 100, 600, 16)  # type: ignore[arg-type]
+    beat = asyncio.create_task(affinity.beat(Thread(), 5.0))  # type: ignore[arg-type]
+    await asked.wait()  # the beat asked in the step it now waits in
+    summary.set_result([])
+    beat.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await beat
+    assert await local.redis.get(local.keys.prefixes("w-cancel")) is None  # it published nothing
