@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention import AttentionBatch, AttentionGeometry, cpu_kernel
+from engine.workspace import Workspace
 
 # Decode rows per gather: the group's gathered K and V should still be in cache when SDPA reads
 # them, and the group should be large enough that per-call overhead stays small.
@@ -98,7 +99,7 @@ class TorchAttention:
         self._workspace = [
             torch.empty(0, dtype=geometry.cache_dtype, device=geometry.device) for _ in range(2)
         ]
-        self._out = torch.empty(0, dtype=geometry.dtype)  # see _output
+        self._output = Workspace(geometry.device, geometry.dtype)  # forward's result, reused on CPU
         # Built (or loaded from its cache) here, at startup, rather than inside the first step.
         on_cpu = geometry.device.type == "cpu" and geometry.dtype == torch.float32
         on_cpu = on_cpu and geometry.cache_dtype in (torch.float32, torch.bfloat16)
@@ -201,7 +202,9 @@ class TorchAttention:
             v_cache.transpose(1, 2).index_put_(meta.where, v.to(v_cache.dtype))
         if meta.prefills and k_cache.dtype != q.dtype:  # SDPA on a fresh prompt reads k/v, not the cache:
             k, v = k.to(k_cache.dtype).to(q.dtype), v.to(v_cache.dtype).to(q.dtype)  # the cache's values
-        out = self._output(q.shape)
+        # Reused by every layer on CPU: the o projection has read the last layer's output before
+        # the next one writes it, and a fresh tensor per layer costs an allocation and page faults.
+        out = self._output("out", q.shape)
         if meta.paged is not None:
             p = meta.paged
             n = p.context.numel()
@@ -217,17 +220,6 @@ class TorchAttention:
         for i, chunk in enumerate(meta.prefills):
             self._prefill(q, k, v, k_cache, v_cache, chunk, self._mask(meta, 1, i, window), out)
         return out.view(q.shape[0], self.g.num_heads * hd)
-
-    def _output(self, shape: torch.Size) -> torch.Tensor:
-        """The attention's output [T, heads, head_dim]: on CPU a buffer reused by every layer (the
-        o projection has read the last layer's before the next one writes it), where a fresh tensor
-        per layer costs an allocation and, at prefill sizes, page faults."""
-        if self.g.device.type != "cpu":
-            return torch.empty(shape, dtype=self.g.dtype, device=self.g.device)
-        size = shape[0] * shape[1] * shape[2]
-        if self._out.numel() < size:
-            self._out = torch.empty(size, dtype=self.g.dtype)
-        return self._out[:size].view(shape)
 
     def _decode(
         self,

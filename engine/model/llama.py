@@ -7,7 +7,6 @@ fused into one linear and gate/up into another: fewer, wider GEMMs run closer to
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -19,6 +18,7 @@ from torch import nn
 from engine.attention import AttentionBackend
 from engine.model import SUPPORTED_MODEL_TYPES, fused_ops
 from engine.model.linear import Linear, exact_min_rows
+from engine.workspace import Workspace
 
 # RoPE variants whose frequencies depend on the longest position seen: computed per step by
 # transformers with data-dependent control flow, so they cannot be captured in a CUDA graph.
@@ -78,7 +78,7 @@ class Llama:
         # a call at decode sizes (bench/fused_ops.py).
         self.fused_norm = cpu and dtype == torch.float32 and fused_ops.enabled()
         self.norm_lanes = fused_ops.norm_lanes(self.hidden_size, self.eps) if self.fused is not None else 0
-        self._workspace: dict[str, torch.Tensor] = {}
+        self._workspace = Workspace(device, dtype)
 
         base = hf.model
         self.embed = self._param(base.embed_tokens.weight)
@@ -236,16 +236,8 @@ class Llama:
         return out[:n_real].float()
 
     def _buffer(self, name: str, shape: tuple[int, ...] | torch.Size) -> torch.Tensor:
-        """A reused activation buffer on CPU, where a fresh tensor of tens of MB is mmap'ed and
-        page-faulted anew each time. Elsewhere a fresh tensor: CUDA's caching allocator is cheap,
-        and a captured graph must never see a buffer that a later, larger batch reallocates."""
-        if self.device.type != "cpu":
-            return torch.empty(shape, dtype=self.dtype, device=self.device)
-        size = math.prod(shape)
-        flat = self._workspace.get(name)
-        if flat is None or flat.numel() < size:
-            flat = self._workspace[name] = torch.empty(size, dtype=self.dtype, device=self.device)
-        return flat[:size].view(shape)
+        """A reused activation buffer (engine/workspace.py)."""
+        return self._workspace(name, shape)
 
     def _apply(self, linear: Linear, x: torch.Tensor, name: str) -> torch.Tensor:
         """linear(x), into workspace `name` when the GEMM takes an output buffer."""
