@@ -8,6 +8,7 @@
     .venv/bin/python bench/engine.py --skip-hf --admission-order arrival,shortest,shortest,arrival
     .venv/bin/python bench/engine.py --skip-hf --workload single --min-rows exact,16,16,exact
     .venv/bin/python bench/engine.py --skip-hf --kv-cache-dtype auto,bfloat16,bfloat16,auto
+    .venv/bin/python bench/engine.py --skip-hf --workload mixed --layer-loop python,cpp,cpp,python
 
 Workloads (all requests submitted at once):
   peer   64 requests, 256 random-token prompts, exactly 128 new tokens (EOS ignored): the workload
@@ -29,7 +30,9 @@ forward's elementwise ops: `kernel` engine/model/fused_ops.cpp (its rms_norm inc
 CONVEYOR_CPU_FUSED=torch gives), switched on the one loaded model; --admission-order the
 order in which waiting requests are started (EngineConfig.admission_order); --min-rows the
 row count a step's GEMMs are padded to (`exact`: what the model found exact at load, e.g.
-`--min-rows exact,16,16,exact`); --kv-cache-dtype the KV cache's element type (EngineConfig.
+`--min-rows exact,16,16,exact`); --layer-loop the forward's loop over the layers (`cpp`: one call
+of engine/model/layer_loop.cpp where it is built, `python`: Llama.forward's loop, the same kernels);
+--kv-cache-dtype the KV cache's element type (EngineConfig.
 kv_cache_dtype; outermost: one engine per value, each loaded once, runs alternating in the order given).
 """
 
@@ -216,6 +219,8 @@ def main() -> None:
     parser.add_argument("--min-rows", default="exact",
                         help="comma-separated 'exact' (the count checked at load) or a number: the rows a"
                              " step's GEMMs are padded to; one engine run per entry (innermost)")
+    parser.add_argument("--layer-loop", default="cpp",
+                        help="comma-separated 'cpp'/'python': one engine run per entry (per --fused entry)")
     parser.add_argument("--kv-cache-dtype", default="auto",
                         help="comma-separated 'auto'/'bfloat16': one engine run per entry (outermost)")
     args = parser.parse_args()
@@ -230,13 +235,13 @@ def main() -> None:
     print(f"{kind} matmul peak: {peak / 1e9:.0f} GFLOP/s on {args.threads} threads ({measured})")
     source = resolve_model(None)
     kv_dtypes = args.kv_cache_dtype.split(",")
-    # kv dtype -> engine, its fused ops, exact rows, norm lanes
-    engines: dict[str, tuple[Engine, object, int, int]] = {}
+    # kv dtype -> engine, its fused ops, exact rows, norm lanes, C++ layer loop
+    engines: dict[str, tuple[Engine, object, int, int, object]] = {}
     for kv in dict.fromkeys(kv_dtypes):
         config = EngineConfig(enable_prefix_caching=False, kv_cache_memory=4 * 1024**3, kv_cache_dtype=kv)
         engine = Engine.from_pretrained(source.path, config)
         model = engine.runner.model
-        engines[kv] = (engine, model.fused, model.min_rows, model.norm_lanes)
+        engines[kv] = (engine, model.fused, model.min_rows, model.norm_lanes, model.layer_stack)
     hf = None
     if not args.skip_hf:
         from transformers import AutoModelForCausalLM
@@ -262,10 +267,17 @@ def main() -> None:
                   f"({r.seconds:.1f} s)")
         orders = args.admission_order.split(",")
         min_rows = args.min_rows.split(",")
-        legs = ((kv, o, b, p, m) for kv in kv_dtypes for o in orders for p in args.fused.split(",")
-                for b in budgets for m in min_rows)
-        for kv, order, budget, path, rows in legs:
-            engine, fused, exact_rows, lanes = engines[kv]
+        loops = args.layer_loop.split(",")
+        if not set(loops) <= {"cpp", "python"}:
+            sys.exit(f"--layer-loop: {args.layer_loop!r} is not a list of cpp and python")
+        legs = ((kv, o, b, p, m, lo) for kv in kv_dtypes for o in orders for p in args.fused.split(",")
+                for lo in loops for b in budgets for m in min_rows)
+        for kv, order, budget, path, rows, loop in legs:
+            engine, fused, exact_rows, lanes, stack = engines[kv]
+            if loop == "cpp" and stack is None and len(loops) > 1:
+                sys.exit("--layer-loop cpp: the C++ layer loop is not built or not usable here "
+                         "(engine/model/llama.py Llama._layer_stack says when), nothing to compare")
+            engine.runner.model.layer_stack = stack if loop == "cpp" else None
             engine.config.max_batch_prefill_tokens = budget  # the scheduler reads the same config
             engine.config.admission_order = order
             set_fused(engine, path, fused, lanes)
@@ -275,6 +287,7 @@ def main() -> None:
             label += "" if len(kv_dtypes) == 1 else f" kv {kv}"
             label += "" if len(orders) == 1 else f" {order}"
             label += "" if len(min_rows) == 1 else f" rows>={engine.runner.model.min_rows}"
+            label += "" if len(loops) == 1 else f" loop {loop}"
             print(f"{label:30s} total {ours.total_tps:7.1f} tok/s   "
                   f"output {ours.output_tps:6.1f} tok/s   ({ours.seconds:.1f} s)   {latency}")
             if hf is not None:

@@ -74,7 +74,10 @@ class StepTimer:
             ("prefill_attention", attention, "_prefill"),
             ("prefill_attention", cpu_kernel, "paged_prefill"),
         ]
-        saved = []
+        # The per-piece timers wrap Python calls: the model's C++ layer loop (layer_loop.cpp) has
+        # none inside, so the profile runs the Python loop, the same kernels one call at a time.
+        saved = [(model, "layer_stack", vars(model).get("layer_stack", _ABSENT))]
+        model.layer_stack = None
         for name, owner, attr in pieces:
             original = getattr(owner, attr, None)
             if original is None:

@@ -27,6 +27,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <torch/csrc/utils/pybind.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <atomic>
@@ -443,6 +444,24 @@ at::Tensor paged_decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at
   return out;
 }
 
+// Rows per decode task: 256 tokens, as vLLM's 512 halved for 2-16 CPU threads: a 768-token row is 3 tasks;
+// smaller adds reductions, larger leaves threads idle on a few long rows (bench/decode_attention.py sweeps it).
+constexpr int64_t kPartition = 256;
+
+// paged_decode into `out`, at the default partition: the torch op (torch.ops.conveyor.paged_decode_into)
+// that the model's C++ layer loop (engine/model/layer_loop.cpp, another extension) calls through the
+// dispatcher.
+void paged_decode_into(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor tables, at::Tensor context,
+                       double scale, int64_t window, at::Tensor out) {
+  paged_decode(q, k_cache, v_cache, tables, context, scale, window, kPartition, out);
+}
+
+TORCH_LIBRARY_FRAGMENT(conveyor, m) {
+  m.def("paged_decode_into(Tensor q, Tensor k_cache, Tensor v_cache, Tensor tables, Tensor context, float scale, "
+        "int window, Tensor(a!) out) -> ()",
+        &paged_decode_into);
+}
+
 // The widest vector paths this build compiled (it is built with -march=native for this CPU).
 const char* simd() {
 #if defined(CONVEYOR_SIMD_AVX512)
@@ -456,9 +475,7 @@ const char* simd() {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("simd", &simd, "the widest SIMD paths compiled in: avx512, avx2 or scalar");
-  // partition: 256 tokens, as vLLM's 512 halved for 2-16 CPU threads: a 768-token row is 3 tasks; smaller adds
-  // reductions, larger leaves threads idle on a few long rows (bench/decode_attention.py sweeps it).
   m.def("paged_decode", &paged_decode, "paged decode attention (fp32 queries, fp32 or bf16 cache; CPU)", py::arg("q"), py::arg("k_cache"),
         py::arg("v_cache"), py::arg("tables"), py::arg("context"), py::arg("scale"), py::arg("window"),
-        py::arg("partition") = 256, py::arg("out") = py::none());
+        py::arg("partition") = kPartition, py::arg("out") = py::none());
 }

@@ -74,6 +74,20 @@ class _PagedPrefill:
     lens: torch.Tensor  # [chunks]
 
 
+@dataclass(frozen=True, slots=True)
+class NativePlan:
+    """A step's attention for the model's C++ layer loop (engine/model/layer_loop.cpp): the decode
+    rows through the paged decode kernel, then every prefill chunk in one paged prefill call."""
+
+    slots: torch.Tensor  # [rows] int64
+    decode_tables: torch.Tensor | None  # [decode rows, max_blocks] int32; None: no decode rows
+    context: torch.Tensor | None  # [decode rows] int32
+    prefill_tables: torch.Tensor | None  # [chunks, max_blocks] int32, rows after the decode rows; None: none
+    starts: torch.Tensor | None
+    lens: torch.Tensor | None
+    scale: float
+
+
 @dataclass(slots=True)
 class TorchMeta:
     slots: torch.Tensor  # [T] cache slot of each new token
@@ -150,6 +164,22 @@ class TorchAttention:
             paged=paged,
             prefills=[] if paged_prefill else prefills,
             paged_prefill=paged_prefill,
+        )
+
+    def native_plan(self, meta: TorchMeta) -> NativePlan | None:
+        """The step's attention as the C++ layer loop runs it, or None when some of it needs this
+        class's Python path (no kernel, or prefill chunks through SDPA)."""
+        if not self.kernel or meta.decode or meta.prefills:
+            return None
+        d, p = meta.paged, meta.paged_prefill
+        return NativePlan(
+            slots=meta.slots,
+            decode_tables=None if d is None else d.tables,
+            context=None if d is None else d.context,
+            prefill_tables=None if p is None else p.tables,
+            starts=None if p is None else p.starts,
+            lens=None if p is None else p.lens,
+            scale=self.g.scale,
         )
 
     def _paged(self, batch: AttentionBatch) -> _PagedDecode:

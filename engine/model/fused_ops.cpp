@@ -21,6 +21,8 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "fused_ops.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -222,4 +224,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul", &silu_and_mul, "out = silu(gate) * up, gate_up = [gate | up] per row");
   m.def("rope", &rope, "out = x * cos + rotate_half(x) * sin for the first `heads` heads of x");
   m.def("rms_norm", &rms_norm, "out = x * rsqrt(mean(x^2) + eps) * weight per row, F.rms_norm's bits");
+  bind_layer_loop(m);
 }

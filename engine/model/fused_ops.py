@@ -5,7 +5,8 @@ buffer the down GEMM reads; rope rotates q and k together from the qkv GEMM's ou
 F.rms_norm in one pass instead of its five ops (pow, sum, div, add + rsqrt, two muls), with the
 same bits: its sum follows the order of torch's CPU sum kernel, whose vector width is found by
 trying it against F.rms_norm at load (norm_lanes), and if neither width gives F.rms_norm's bits
-the forward keeps F.rms_norm. Built into
+the forward keeps F.rms_norm. The same module holds LayerStack (layer_loop.cpp): the forward's
+loop over the layers in one C++ call, on these ops, oneDNN's linear and the attention kernels. Built into
 the same cache as the attention kernel (engine/attention/cpu_kernel.py: keyed by torch version,
 CPU flags and source). CONVEYOR_CPU_FUSED=torch turns them off (for side-by-side benchmarks); if
 they cannot be built the forward logs it once and keeps its torch ops: slower, same results
@@ -30,6 +31,8 @@ logger = logging.getLogger(__name__)
 
 ENV = "CONVEYOR_CPU_FUSED"
 _SOURCE = Path(__file__).with_name("fused_ops.cpp")
+_LOOP = Path(__file__).with_name("layer_loop.cpp")  # the layer loop, in the same module
+_HEADER = Path(__file__).with_name("fused_ops.h")
 
 
 def enabled() -> bool:
@@ -45,12 +48,12 @@ def load() -> ModuleType | None:
     """The compiled module, or None when it is turned off or cannot be built (logged once)."""
     if not enabled():
         return None
-    build = cpu_kernel.build_dir("fused_ops", [_SOURCE])
+    build = cpu_kernel.build_dir("fused_ops", [_SOURCE, _LOOP, _HEADER])
     if not any(build.glob("*.so")):
         logger.info("compiling the model's fused ops (one time, ~15 s) into %s", build)
     try:
         # No FMA contraction beyond the explicit ones: rope rounds as torch's mul_ + addcmul.
-        return native_build.load("conveyor_fused_ops", [_SOURCE], build,
+        return native_build.load("conveyor_fused_ops", [_SOURCE, _LOOP], build,
                                  ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"])
     except Exception as exc:  # noqa: BLE001 - any build failure must leave the torch path working
         last = (str(exc).strip().splitlines() or [""])[-1]

@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.attention import AttentionBackend
+from engine.attention import AttentionBackend, cpu_kernel
+from engine.attention.torch_paged import NativePlan, TorchAttention
 from engine.model import SUPPORTED_MODEL_TYPES, fused_ops
 from engine.model.linear import Linear, exact_min_rows
 from engine.workspace import Workspace
@@ -97,6 +98,27 @@ class Llama:
         # moving it to our device leaves the caller's model alone.
         self.rotary = copy.deepcopy(base.rotary_emb).to(device)
         self.graph_safe = getattr(self.rotary, "rope_type", "default") not in _DYNAMIC_ROPE
+        # The layer loop in one C++ call (layer_loop.cpp), where every piece of it has its kernel;
+        # else None: the Python loop below. One attribute, so that a benchmark or the step profile's
+        # per-piece timers can take the Python loop in the same process.
+        self.layer_stack: Any = self._layer_stack()
+
+    def _layer_stack(self) -> Any:
+        """layer_loop.cpp's LayerStack over this model's layers, or None when some piece of a layer
+        has no C++ kernel here (not CPU float32, the fused ops or the attention kernels not built,
+        F.rms_norm's bits not reproduced, an activation other than SiLU, GEMMs not oneDNN's fp32)."""
+        gemms = [linear for la in self.layers for linear in (la.qkv, la.o, la.gate_up, la.down)]
+        if (self.fused is None or not self.norm_lanes or not self.silu or cpu_kernel.load() is None
+                or not all(linear.packed and not linear.bf16 for linear in gemms)):
+            return None
+        ls = self.layers
+        return self.fused.LayerStack(
+            [la.input_norm for la in ls], [la.qkv.weight for la in ls], [la.o.weight for la in ls],
+            [la.post_norm for la in ls], [la.gate_up.weight for la in ls], [la.down.weight for la in ls],
+            [la.qkv.bias for la in ls], [la.o.bias for la in ls], [la.gate_up.bias for la in ls],
+            [la.down.bias for la in ls], [-1 if la.window is None else la.window for la in ls],
+            self.num_heads, self.num_kv_heads, self.head_dim, self.eps, self.norm_lanes, _MLP_ROWS,
+        )
 
     def _param(self, t: torch.Tensor) -> torch.Tensor:
         return t.detach().to(device=self.device, dtype=self.dtype).contiguous()
@@ -163,8 +185,14 @@ class Llama:
         q, k = qk[:n_real, :heads], qk[:n_real, heads:]
         v_cols = slice((heads + kv) * hd, None)
         sliced = self.device.type == "cpu" and n_tok > _MLP_ROWS  # see _mlp
-        act = None if sliced else self._buffer("act", (n_tok, self.intermediate_size))
         h = F.embedding(input_ids, self.embed)
+        # The C++ loop is built over the fused ops: a benchmark that switches them off (or the norm
+        # to F.rms_norm) takes the Python loop, which follows those switches.
+        if self.layer_stack is not None and self.fused is not None and self.fused_norm and self.norm_lanes:
+            plan = attention.native_plan(meta) if isinstance(attention, TorchAttention) else None
+            if plan is not None:
+                return self._native_layers(h, cos, sin, n_real, norm_out, qk, plan, k_cache, v_cache)
+        act = None if sliced else self._buffer("act", (n_tok, self.intermediate_size))
         for i, layer in enumerate(self.layers):
             qkv = self._apply(layer.qkv, self._rms_norm(h, layer.input_norm, norm_out), "qkv")
             self._rope(qkv, cos, sin, qk)
@@ -175,6 +203,20 @@ class Llama:
             h = layer.o.residual(h, att)
             h = self._mlp(h, layer) if sliced else self._mlp_rows(h, layer, norm_out, act)
         return h[:n_real]
+
+    def _native_layers(
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_real: int, norm_out: torch.Tensor,
+        qk: torch.Tensor, plan: NativePlan, k_cache: list[torch.Tensor], v_cache: list[torch.Tensor],
+    ) -> torch.Tensor:
+        """The loop below in one C++ call (layer_loop.cpp): the same kernels in the same order, the
+        same bits, without the interpreter between them (and without the GIL)."""
+        n_tok = h.shape[0]
+        act = self._buffer("act", (min(n_tok, _MLP_ROWS), self.intermediate_size))
+        att = self._buffer("att", (n_tok, self.num_heads, self.head_dim))
+        step = self.fused.StepAttention(plan.slots, plan.decode_tables, plan.context, plan.prefill_tables,
+                                        plan.starts, plan.lens, plan.scale)
+        out = self.layer_stack.forward(h, cos, sin, n_real, norm_out, qk, act, att, k_cache, v_cache, step)
+        return out[:n_real]
 
     def _mlp(self, h: torch.Tensor, layer: _Layer) -> torch.Tensor:
         """h + MLP(norm(h)). Rows are independent here, so on CPU a long batch (prefill) goes through
