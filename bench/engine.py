@@ -21,7 +21,9 @@ until its longest output), (c) this engine. Model FLOP utilisation = model FLOPs
 (2 × parameters used per token, per token processed; then also with attention's FLOPs added, as
 PaLM's MFU counts them: bench/model_flops.py) ÷ the fp32 matmul peak measured here: the
 fastest of torch.mm (MKL) and oneDNN on a 2048 × 2048 matmul (the bf16 peak, oneDNN's, under
-CONVEYOR_CPU_GEMM=bf16: `CONVEYOR_CPU_GEMM=bf16 bench/engine.py` measures that mode). With several
+CONVEYOR_CPU_GEMM=bf16: `CONVEYOR_CPU_GEMM=bf16 bench/engine.py` measures that mode), measured
+before the runs (each leg's line) and again after them (the closing table divides every leg by the
+higher reading). With several
 --max-batch-prefill-tokens the engine runs the workload once per budget, in that order, in one
 process; each run prints TTFT p50/p99 (from submitting all requests to a request's first token)
 and TPOT p50 (mean time per token after the first, per request). --fused does the same for the
@@ -251,6 +253,7 @@ def main() -> None:
 
     config = AutoConfig.from_pretrained(source.path)
     f_prompt, f_gen = flops_per_token(config)
+    legs_flops: list[tuple[str, float, float]] = []  # each engine leg: label, model FLOP/s, with attention
     for name in (["peer", "mixed"] if args.workload == "both" else [args.workload]):
         requests = workload(name, config.vocab_size)
         print(f"\n== {name}: {len(requests)} requests, "
@@ -293,12 +296,29 @@ def main() -> None:
             if hf is not None:
                 print(f"c/a = {ours.total_tps / results[0].total_tps:.2f}   "
                       f"c/b = {ours.total_tps / results[1].total_tps:.2f}")
-            mfu = (ours.prompt_tokens * f_prompt + ours.output_tokens * f_gen) / ours.seconds / peak
-            with_attention = mfu + attention / ours.seconds / peak
-            print(f"engine model FLOP utilisation: {100 * mfu:.1f} % of {peak / 1e9:.0f} GFLOP/s "
-                  f"(attention's FLOPs counted too, as PaLM's MFU: {100 * with_attention:.1f} %)")
+            flops = (ours.prompt_tokens * f_prompt + ours.output_tokens * f_gen) / ours.seconds
+            with_attention = flops + attention / ours.seconds
+            legs_flops.append((f"{name}: {label.strip()}", flops, with_attention))
+            print(f"engine model FLOP utilisation: {100 * flops / peak:.1f} % of {peak / 1e9:.0f} GFLOP/s "
+                  f"(attention's FLOPs counted too, as PaLM's MFU: {100 * with_attention / peak:.1f} %)")
             print(f"engine CPU time outside the forward, steps at batch >= {len(requests)}: "
                   f"{100 * overhead:.1f} % of the step")
+    report_against_both_peaks(peak, legs_flops)
+
+
+def report_against_both_peaks(start_peak: float, legs: list[tuple[str, float, float]]) -> None:
+    """The peak measured again after the runs, and every leg's utilisation against the higher of the
+    two readings: this machine's peak moves by a quarter within an hour, and a slow reading at the
+    start would flatter every figure divided by it."""
+    if not legs:
+        return
+    end_peak = max(matmul_peak().values())
+    peak = max(start_peak, end_peak)
+    print(f"\nmatmul peak at the start {start_peak / 1e9:.0f}, at the end {end_peak / 1e9:.0f} GFLOP/s; "
+          f"utilisation against the higher, {peak / 1e9:.0f}:")
+    for label, flops, with_attention in legs:
+        share, share_attention = 100 * flops / peak, 100 * with_attention / peak
+        print(f"  {label:48s} {share:5.1f} % (with attention's FLOPs {share_attention:5.1f} %)")
 
 
 if __name__ == "__main__":
