@@ -3,6 +3,7 @@
     .venv/bin/python bench/step_profile.py                  # peer and mixed, 2 threads
     .venv/bin/python bench/step_profile.py --workload mixed --json /tmp/mixed.json
     .venv/bin/python bench/step_profile.py --kv-cache-dtype bfloat16   # the opt-in bf16 KV cache
+    .venv/bin/python bench/step_profile.py --workload mixed --layer-loop python   # the Python loop
 
 Runs the engine in-process on the default model (fp32, prefix caching off, as bench/engine.py
 does) with engine/step_timing.py's timers installed, and classifies each step by its batch:
@@ -183,6 +184,9 @@ def main() -> None:
                         help="do not also time the torch sampler path on each step's logits")
     parser.add_argument("--kv-cache-dtype", choices=["auto", "bfloat16"], default="auto",
                         help="the KV cache's element type (EngineConfig.kv_cache_dtype)")
+    parser.add_argument("--layer-loop", choices=["cpp", "python"], default="cpp",
+                        help="the forward's loop over the layers: engine/model/layer_loop.cpp where it is "
+                             "built (it times its own calls), or Llama.forward's Python loop")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -196,10 +200,14 @@ def main() -> None:
         enable_prefix_caching=False, kv_cache_memory=4 * 1024**3, kv_cache_dtype=args.kv_cache_dtype))
     from transformers import AutoConfig
 
+    if args.layer_loop == "python":
+        engine.runner.model.layer_stack = None
+    loop = "C++" if engine.runner.model.layer_stack is not None else "Python"
+    print(f"layer loop: {loop}")
     f_prompt, f_gen = flops_per_token(AutoConfig.from_pretrained(source.path))
     cost = timer_cost()
     out: dict = {"peak_flops": peak, "peaks": peaks, "threads": args.threads, "timer_cost_s": cost,
-                 "workloads": {}}
+                 "layer_loop": loop, "workloads": {}}
     for name in (["peer", "mixed"] if args.workload == "both" else [args.workload]):
         requests = workload(name, engine.runner.vocab_size, args.requests)
         timer = StepTimer()

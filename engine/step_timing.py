@@ -10,7 +10,10 @@ A piece's time is exclusive: a piece called inside another (a GEMM inside the lm
 attention inside the forward) is subtracted from its caller, so the pieces add up to the step.
 What is not wrapped stays with its caller: the forward keeps embedding, RoPE, activations and
 residual adds; the attention call keeps its K/V writes into the cache; the runner keeps the batch
-layout and attention metadata; the step keeps detokenizing, stop checks and events.
+layout and attention metadata; the step keeps detokenizing, stop checks and events. The model's
+C++ layer loop (engine/model/layer_loop.cpp) has no Python call inside to wrap: it times its own
+calls, and its norms, GEMMs, KV writes and attention join the same pieces (its RoPE and
+activations stay with the forward, as above).
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ from engine.attention import cpu_kernel
 from engine.model.linear import Linear
 
 _ABSENT = object()
+# The C++ layer loop's timings (LayerStack.last_timings) -> this timer's pieces; "rope" and "act"
+# stay with the forward, as the Python loop's do.
+_NATIVE_PIECES = {"norm": "norm", "gemm": "gemm", "kv_write": "attention",
+                  "decode_attention": "decode_attention", "prefill_attention": "prefill_attention"}
 Namer = Callable[[tuple[Any, ...]], str]  # a piece's name from the call's arguments
 
 
@@ -74,10 +81,10 @@ class StepTimer:
             ("prefill_attention", attention, "_prefill"),
             ("prefill_attention", cpu_kernel, "paged_prefill"),
         ]
-        # The per-piece timers wrap Python calls: the model's C++ layer loop (layer_loop.cpp) has
-        # none inside, so the profile runs the Python loop, the same kernels one call at a time.
-        saved = [(model, "layer_stack", vars(model).get("layer_stack", _ABSENT))]
-        model.layer_stack = None
+        saved = []
+        if (native := getattr(model, "_native_layers", None)) is not None:
+            saved.append((model, "_native_layers", vars(model).get("_native_layers", _ABSENT)))
+            model._native_layers = self._with_native_pieces(model, native)
         for name, owner, attr in pieces:
             original = getattr(owner, attr, None)
             if original is None:
@@ -93,6 +100,23 @@ class StepTimer:
                     delattr(owner, attr)
                 else:
                     setattr(owner, attr, before)
+
+    def _with_native_pieces(self, model: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """fn (the C++ layer loop's call), its own timings added to the pieces they name and taken
+        out of the caller's (the forward's) time."""
+        stack, pieces = self._stack, self._pieces
+
+        def native(*args: Any, **kwargs: Any) -> Any:
+            out = fn(*args, **kwargs)
+            for name, seconds in model.layer_stack.last_timings():
+                piece = _NATIVE_PIECES.get(name)
+                if piece is not None and seconds > 0:  # 0: not called in this step
+                    pieces[piece] += seconds
+                    if stack:
+                        stack[-1] += seconds
+            return out
+
+        return native
 
     def _timed(self, name: str | Namer, fn: Callable[..., Any]) -> Callable[..., Any]:
         stack, pieces = self._stack, self._pieces

@@ -13,13 +13,21 @@
 // then the prefill chunks, all in one call of the paged prefill kernel. Padding rows (the batch
 // padded to the GEMMs' exact minimum, see linear.py) are attended by nobody and read as zeros by
 // the o projection, as F.pad gives them in the Python loop.
+//
+// Each kind of call's wall time in the last forward is kept (a clock read around each call, ~20 ns
+// against calls of µs to ms), for the step profile (engine/step_timing.py): last_timings().
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <array>
+#include <chrono>
 #include <optional>
+#include <string>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "fused_ops.h"
@@ -34,6 +42,11 @@ using WriteKv = void(at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor)
 using Decode = void(at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, double, int64_t, at::Tensor);
 using Prefill = void(at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, double, int64_t,
                      at::Tensor);
+
+// The kinds of call the loop times, and their names in last_timings().
+enum Piece : int { kNorm, kGemm, kRope, kKvWrite, kDecode, kPrefill, kAct, kPieces };
+constexpr std::array<const char*, kPieces> kPieceNames = {"norm", "gemm", "rope", "kv_write", "decode_attention",
+                                                          "prefill_attention", "act"};
 
 template <class F>
 c10::TypedOperatorHandle<F> op(const char* name, const char* overload = "") {
@@ -95,6 +108,7 @@ class LayerStack {
                 "the attention plan must cover rows [0, n_real): decode rows, then the prefill chunks");
     TORCH_CHECK(att.is_contiguous() && att.size(0) == rows && qk.is_contiguous() && qk.size(0) == rows,
                 "att and qk must be contiguous buffers of h's rows");
+    seconds_.fill(0.0);
     if (n_real < rows) att.narrow(0, n_real, rows - n_real).zero_();  // padding: never attended
     const at::Tensor q = qk.narrow(0, 0, n_real).narrow(1, 0, heads_);
     const at::Tensor k = qk.narrow(0, 0, n_real).narrow(1, heads_, kv_);
@@ -103,22 +117,34 @@ class LayerStack {
     const c10::List<std::optional<at::Scalar>> no_scalars;
     for (size_t i = 0; i < layers_.size(); ++i) {
       const Layer& l = layers_[i];
-      rms_norm(h, l.input_norm, eps_, lanes_, norm_out);
-      const at::Tensor qkv = linear_.call(norm_out, l.qkv, l.qkv_bias, "none", no_scalars, std::nullopt);
-      rope(qkv, cos, sin, heads_ + kv_, qk);
+      timed(kNorm, [&] { rms_norm(h, l.input_norm, eps_, lanes_, norm_out); });
+      const at::Tensor qkv =
+          timed(kGemm, [&] { return linear_.call(norm_out, l.qkv, l.qkv_bias, "none", no_scalars, std::nullopt); });
+      timed(kRope, [&] { rope(qkv, cos, sin, heads_ + kv_, qk); });
       const at::Tensor v = qkv.narrow(0, 0, n_real).narrow(1, v_col, kv_ * hd_).view({n_real, kv_, hd_});
       // Write first: every query of this step must see its own token and its chunk's earlier ones.
-      write_kv_.call(k, v, k_caches[i], v_caches[i], a.slots);
+      timed(kKvWrite, [&] { write_kv_.call(k, v, k_caches[i], v_caches[i], a.slots); });
       if (n_decode > 0)
-        decode_.call(q.narrow(0, 0, n_decode), k_caches[i], v_caches[i], *a.decode_tables, *a.context, a.scale,
-                     l.window, att.narrow(0, 0, n_decode));
+        timed(kDecode, [&] {
+          decode_.call(q.narrow(0, 0, n_decode), k_caches[i], v_caches[i], *a.decode_tables, *a.context, a.scale,
+                       l.window, att.narrow(0, 0, n_decode));
+        });
       if (n_decode < n_real)
-        prefill_.call(q.narrow(0, n_decode, n_real - n_decode), k_caches[i], v_caches[i], *a.prefill_tables,
-                      *a.starts, *a.lens, a.scale, l.window, att.narrow(0, n_decode, n_real - n_decode));
-      h = linear_add_.call(att_rows, h, l.o, l.o_bias, "add");
+        timed(kPrefill, [&] {
+          prefill_.call(q.narrow(0, n_decode, n_real - n_decode), k_caches[i], v_caches[i], *a.prefill_tables,
+                        *a.starts, *a.lens, a.scale, l.window, att.narrow(0, n_decode, n_real - n_decode));
+        });
+      h = timed(kGemm, [&] { return linear_add_.call(att_rows, h, l.o, l.o_bias, "add"); });
       h = mlp(h, l, norm_out, act);
     }
     return h;
+  }
+
+  // Seconds of each kind of call in the last forward, by name.
+  std::vector<std::pair<std::string, double>> last_timings() const {
+    std::vector<std::pair<std::string, double>> out;
+    for (int p = 0; p < kPieces; ++p) out.emplace_back(kPieceNames[p], seconds_[p]);
+    return out;
   }
 
  private:
@@ -130,16 +156,35 @@ class LayerStack {
     for (int64_t lo = 0; lo < rows; lo += mlp_rows_) {
       const int64_t n = std::min(mlp_rows_, rows - lo);
       at::Tensor x = h.narrow(0, lo, n), normed = norm_out.narrow(0, lo, n), a = act.narrow(0, 0, n);
-      rms_norm(x, l.post_norm, eps_, lanes_, normed);
-      const at::Tensor gate_up = linear_.call(normed, l.gate_up, l.gate_up_bias, "none", no_scalars, std::nullopt);
-      silu_and_mul(gate_up, a);
-      const at::Tensor out = linear_add_.call(a, x, l.down, l.down_bias, "add");
+      timed(kNorm, [&] { rms_norm(x, l.post_norm, eps_, lanes_, normed); });
+      const at::Tensor gate_up = timed(
+          kGemm, [&] { return linear_.call(normed, l.gate_up, l.gate_up_bias, "none", no_scalars, std::nullopt); });
+      timed(kAct, [&] { silu_and_mul(gate_up, a); });
+      const at::Tensor out = timed(kGemm, [&] { return linear_add_.call(a, x, l.down, l.down_bias, "add"); });
       if (n == rows) return out;
       x.copy_(out);
     }
     return h;
   }
 
+  // f(), its wall time added to `piece`.
+  template <class F>
+  std::invoke_result_t<F&> timed(Piece piece, F&& f) {
+    const auto start = std::chrono::steady_clock::now();
+    const auto add = [&] {
+      seconds_[piece] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    };
+    if constexpr (std::is_void_v<decltype(f())>) {
+      f();
+      add();
+    } else {
+      auto result = f();
+      add();
+      return result;
+    }
+  }
+
+  std::array<double, kPieces> seconds_{};
   std::vector<Layer> layers_;
   int64_t heads_, kv_, hd_;
   double eps_;
@@ -172,5 +217,8 @@ void bind_layer_loop(pybind11::module_& m) {
            py::arg("norm_lanes"), py::arg("mlp_rows"))
       .def("forward", &LayerStack::forward, py::call_guard<py::gil_scoped_release>(), py::arg("h"), py::arg("cos"),
            py::arg("sin"), py::arg("n_real"), py::arg("norm_out"), py::arg("qk"), py::arg("act"), py::arg("att"),
-           py::arg("k_caches"), py::arg("v_caches"), py::arg("attention"));
+           py::arg("k_caches"), py::arg("v_caches"), py::arg("attention"))
+      .def("last_timings", &LayerStack::last_timings,
+           "[(piece, seconds)] of each kind of call in the last forward: norm, gemm, rope, kv_write, "
+           "decode_attention, prefill_attention, act");
 }

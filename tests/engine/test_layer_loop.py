@@ -83,17 +83,27 @@ def test_the_cpp_loop_gives_the_python_loops_bits(engine: Engine, prompts: list[
     assert generate(engine, prompts, native=False) == native
 
 
-def test_the_step_profile_runs_the_python_loop_and_gives_the_cpp_loop_back(engine: Engine) -> None:
+def test_the_step_profile_times_the_cpp_loops_pieces(engine: Engine) -> None:
     model = engine.runner.model
     stack = model.layer_stack
     timer = StepTimer()
     with timer.install(engine):
-        assert model.layer_stack is None  # its timers wrap the Python loop's calls
-        engine.add("p", [1, 2, 3, 4], stopping=StoppingParams(max_new_tokens=2, ignore_eos=True))
+        assert model.layer_stack is stack
+        engine.add("p", list(range(1, 40)), stopping=StoppingParams(max_new_tokens=3, ignore_eos=True))
         while engine.has_unfinished():
             engine.step()
-    assert model.layer_stack is stack
-    assert any(r.pieces.get("norm", 0) > 0 for r in timer.records)
+    assert "_native_layers" not in vars(model)  # the wrapper is gone again
+    prefill, *decode = timer.records
+    for r in timer.records:
+        assert sum(r.pieces.values()) == pytest.approx(r.seconds, rel=1e-6)
+        assert r.pieces["norm"] > 0 and r.pieces["gemm"] > 0 and r.pieces["attention"] > 0
+    assert prefill.pieces.get("prefill_attention", 0) > 0 and "decode_attention" not in prefill.pieces
+    assert all(r.pieces.get("decode_attention", 0) > 0 for r in decode) and len(decode) == 2
+    # (The sums above hold only if the loop's pieces are taken out of the forward's own time.)
+    timings = dict(stack.last_timings())  # of the last forward: a decode step
+    pieces = {"norm", "gemm", "rope", "kv_write", "decode_attention", "prefill_attention", "act"}
+    assert set(timings) == pieces
+    assert timings["prefill_attention"] == 0 and timings["decode_attention"] > 0
 
 
 def test_a_plan_that_does_not_cover_the_rows_is_refused(engine: Engine) -> None:
