@@ -1,7 +1,7 @@
 // The Llama forward's layer loop in C++ (CPU, float32): the same calls as Llama.forward's Python loop
 // (engine/model/llama.py), in the same order, on the same buffers, so the same bits.
 //
-// Why: between a layer's kernels the Python loop spends 5-7 ms of a ~100 ms 32-row decode step in
+// Why: between a layer's kernels the Python loop spent 5-7 ms of a ~100 ms 32-row decode step in
 // the interpreter and in dispatch, several times those ops' idle cost, since each GEMM evicts the
 // interpreter's caches (bench/README.md, sitting P). Here each layer is ten calls: the fused ops of
 // this extension directly, oneDNN's prepacked linear (mkldnn::_linear_pointwise, what Linear calls)
@@ -59,7 +59,7 @@ struct Layer {
   int64_t window;  // sliding window, -1: full causal
 };
 
-// One step's attention metadata (engine/attention/torch_paged.py's NativeAttention).
+// One step's attention metadata (engine/attention/torch_paged.py's NativePlan).
 struct StepAttention {
   at::Tensor slots;                                  // [rows] int64 cache slot of each new token
   std::optional<at::Tensor> decode_tables, context;  // the decode rows' int32 block tables, contexts

@@ -7,6 +7,8 @@ fused into one linear and gate/up into another: fewer, wider GEMMs run closer to
 from __future__ import annotations
 
 import copy
+import logging
+import os
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -20,6 +22,10 @@ from engine.attention.torch_paged import NativePlan, TorchAttention
 from engine.model import SUPPORTED_MODEL_TYPES, fused_ops
 from engine.model.linear import Linear, exact_min_rows
 from engine.workspace import Workspace
+
+logger = logging.getLogger(__name__)
+
+LAYER_LOOP_ENV = "CONVEYOR_CPU_LAYER_LOOP"  # "python": the forward's Python loop, not layer_loop.cpp
 
 # RoPE variants whose frequencies depend on the longest position seen: computed per step by
 # transformers with data-dependent control flow, so they cannot be captured in a CUDA graph.
@@ -106,19 +112,27 @@ class Llama:
     def _layer_stack(self) -> Any:
         """layer_loop.cpp's LayerStack over this model's layers, or None when some piece of a layer
         has no C++ kernel here (not CPU float32, the fused ops or the attention kernels not built,
-        F.rms_norm's bits not reproduced, an activation other than SiLU, GEMMs not oneDNN's fp32)."""
+        F.rms_norm's bits not reproduced, an activation other than SiLU, GEMMs not oneDNN's fp32)
+        or CONVEYOR_CPU_LAYER_LOOP=python asks for the Python loop (the same bits, slower)."""
+        if os.environ.get(LAYER_LOOP_ENV, "cpp").strip().lower() == "python":
+            return None
         gemms = [linear for la in self.layers for linear in (la.qkv, la.o, la.gate_up, la.down)]
         if (self.fused is None or not self.norm_lanes or not self.silu or cpu_kernel.load() is None
                 or not all(linear.packed and not linear.bf16 for linear in gemms)):
             return None
         ls = self.layers
-        return self.fused.LayerStack(
-            [la.input_norm for la in ls], [la.qkv.weight for la in ls], [la.o.weight for la in ls],
-            [la.post_norm for la in ls], [la.gate_up.weight for la in ls], [la.down.weight for la in ls],
-            [la.qkv.bias for la in ls], [la.o.bias for la in ls], [la.gate_up.bias for la in ls],
-            [la.down.bias for la in ls], [-1 if la.window is None else la.window for la in ls],
-            self.num_heads, self.num_kv_heads, self.head_dim, self.eps, self.norm_lanes, _MLP_ROWS,
-        )
+        try:
+            return self.fused.LayerStack(
+                [la.input_norm for la in ls], [la.qkv.weight for la in ls], [la.o.weight for la in ls],
+                [la.post_norm for la in ls], [la.gate_up.weight for la in ls], [la.down.weight for la in ls],
+                [la.qkv.bias for la in ls], [la.o.bias for la in ls], [la.gate_up.bias for la in ls],
+                [la.down.bias for la in ls], [-1 if la.window is None else la.window for la in ls],
+                self.num_heads, self.num_kv_heads, self.head_dim, self.eps, self.norm_lanes, _MLP_ROWS,
+            )
+        except RuntimeError as exc:  # e.g. a torch release whose private oneDNN op changed its signature
+            logger.warning("the C++ layer loop cannot run here, the forward keeps its Python loop: %s",
+                           (str(exc).strip().splitlines() or [""])[0])
+            return None
 
     def _param(self, t: torch.Tensor) -> torch.Tensor:
         return t.detach().to(device=self.device, dtype=self.dtype).contiguous()

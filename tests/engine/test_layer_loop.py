@@ -4,6 +4,7 @@ only, both, one padded row, and a prefill long enough for the MLP's row slices."
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,29 @@ def test_a_plan_that_does_not_cover_the_rows_is_refused(engine: Engine) -> None:
                                   torch.zeros(n, hidden), torch.zeros(n, heads + kv, hd),
                                   torch.zeros(n, model.intermediate_size), torch.zeros(n, heads, hd),
                                   caches, caches, step)
+
+
+def test_a_loop_that_cannot_be_built_leaves_the_python_loop(engine: Engine,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    model = engine.runner.model
+    fused = model.fused
+
+    class Broken:  # as a torch release whose oneDNN op changed its signature would make it
+        def LayerStack(self, *args: object) -> None:  # noqa: N802 - the extension's class name
+            raise RuntimeError("Tried to access or call an operator with a wrong signature")
+
+    model.fused = Broken()  # type: ignore[assignment]
+    try:
+        with caplog.at_level(logging.WARNING):
+            assert model._layer_stack() is None
+    finally:
+        model.fused = fused
+    assert "the forward keeps its Python loop: Tried to access" in caplog.text
+
+
+def test_the_python_loop_can_be_asked_for(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.model import llama
+
+    assert engine.runner.model._layer_stack() is not None
+    monkeypatch.setenv(llama.LAYER_LOOP_ENV, "python")
+    assert engine.runner.model._layer_stack() is None
