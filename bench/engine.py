@@ -279,7 +279,7 @@ def main() -> None:
             engine, fused, exact_rows, lanes, stack = engines[kv]
             if loop == "cpp" and stack is None and len(loops) > 1:
                 sys.exit("--layer-loop cpp: the C++ layer loop is not built or not usable here "
-                         "(engine/model/llama.py Llama._layer_stack says when), nothing to compare")
+                         "(engine/model/layer_stack.py says when), nothing to compare")
             engine.runner.model.layer_stack = stack if loop == "cpp" else None
             engine.config.max_batch_prefill_tokens = budget  # the scheduler reads the same config
             engine.config.admission_order = order

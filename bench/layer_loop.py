@@ -68,7 +68,7 @@ def main() -> None:
     config = EngineConfig(enable_prefix_caching=False, kv_cache_memory=4 * 1024**3)
     engine = Engine.from_pretrained(resolve_model(None).path, config)
     if engine.runner.model.layer_stack is None:
-        sys.exit("the C++ layer loop is not built or not usable here (Llama._layer_stack says when)")
+        sys.exit("the C++ layer loop is not built or not usable here (engine/model/layer_stack.py says when)")
     print("| decode rows | Python loop, ms/step (median) | C++ loop | C++ ÷ Python |")
     print("|---|---|---|---|")
     for rows in (int(r) for r in args.rows.split(",")):

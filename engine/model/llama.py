@@ -7,8 +7,6 @@ fused into one linear and gate/up into another: fewer, wider GEMMs run closer to
 from __future__ import annotations
 
 import copy
-import logging
-import os
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -17,15 +15,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.attention import AttentionBackend, cpu_kernel
+from engine.attention import AttentionBackend
 from engine.attention.torch_paged import NativePlan, TorchAttention
 from engine.model import SUPPORTED_MODEL_TYPES, fused_ops
+from engine.model.layer_stack import MLP_ROWS, build_layer_stack
 from engine.model.linear import Linear, exact_min_rows
 from engine.workspace import Workspace
-
-logger = logging.getLogger(__name__)
-
-LAYER_LOOP_ENV = "CONVEYOR_CPU_LAYER_LOOP"  # "python": the forward's Python loop, not layer_loop.cpp
 
 # RoPE variants whose frequencies depend on the longest position seen: computed per step by
 # transformers with data-dependent control flow, so they cannot be captured in a CUDA graph.
@@ -36,8 +31,6 @@ _LM_HEAD_SLICE = 4096
 # at which each weight's GEMM is checked exact at load (linear.exact_min_rows; at most 16) keeps
 # them exact: with oneDNN that is 2 here, and a step of 2 rows runs its GEMMs ~4x faster than 16.
 _CPU_MIN_ROWS = 16
-# Rows per slice of the MLP on CPU (see Llama._mlp).
-_MLP_ROWS = 512
 
 
 @dataclass(slots=True)
@@ -105,34 +98,9 @@ class Llama:
         self.rotary = copy.deepcopy(base.rotary_emb).to(device)
         self.graph_safe = getattr(self.rotary, "rope_type", "default") not in _DYNAMIC_ROPE
         # The layer loop in one C++ call (layer_loop.cpp), where every piece of it has its kernel;
-        # else None: the Python loop below. One attribute, so that a benchmark or the step profile's
-        # per-piece timers can take the Python loop in the same process.
-        self.layer_stack: Any = self._layer_stack()
-
-    def _layer_stack(self) -> Any:
-        """layer_loop.cpp's LayerStack over this model's layers, or None when some piece of a layer
-        has no C++ kernel here (not CPU float32, the fused ops or the attention kernels not built,
-        F.rms_norm's bits not reproduced, an activation other than SiLU, GEMMs not oneDNN's fp32)
-        or CONVEYOR_CPU_LAYER_LOOP=python asks for the Python loop (the same bits, slower)."""
-        if os.environ.get(LAYER_LOOP_ENV, "cpp").strip().lower() == "python":
-            return None
-        gemms = [linear for la in self.layers for linear in (la.qkv, la.o, la.gate_up, la.down)]
-        if (self.fused is None or not self.norm_lanes or not self.silu or cpu_kernel.load() is None
-                or not all(linear.packed and not linear.bf16 for linear in gemms)):
-            return None
-        ls = self.layers
-        try:
-            return self.fused.LayerStack(
-                [la.input_norm for la in ls], [la.qkv.weight for la in ls], [la.o.weight for la in ls],
-                [la.post_norm for la in ls], [la.gate_up.weight for la in ls], [la.down.weight for la in ls],
-                [la.qkv.bias for la in ls], [la.o.bias for la in ls], [la.gate_up.bias for la in ls],
-                [la.down.bias for la in ls], [-1 if la.window is None else la.window for la in ls],
-                self.num_heads, self.num_kv_heads, self.head_dim, self.eps, self.norm_lanes, _MLP_ROWS,
-            )
-        except RuntimeError as exc:  # e.g. a torch release whose private oneDNN op changed its signature
-            logger.warning("the C++ layer loop cannot run here, the forward keeps its Python loop: %s",
-                           (str(exc).strip().splitlines() or [""])[0])
-            return None
+        # else None: the Python loop below. One attribute, so that a benchmark (bench/layer_loop.py,
+        # --layer-loop) can take the Python loop in the same process.
+        self.layer_stack: Any = build_layer_stack(self)
 
     def _param(self, t: torch.Tensor) -> torch.Tensor:
         return t.detach().to(device=self.device, dtype=self.dtype).contiguous()
@@ -198,7 +166,7 @@ class Llama:
         qk = self._buffer("qk", (n_tok, heads + kv, hd))  # q and k rotated (_rope)
         q, k = qk[:n_real, :heads], qk[:n_real, heads:]
         v_cols = slice((heads + kv) * hd, None)
-        sliced = self.device.type == "cpu" and n_tok > _MLP_ROWS  # see _mlp
+        sliced = self.device.type == "cpu" and n_tok > MLP_ROWS  # see _mlp
         h = F.embedding(input_ids, self.embed)
         # The C++ loop is built over the fused ops: a benchmark that switches them off (or the norm
         # to F.rms_norm) takes the Python loop, which follows those switches.
@@ -225,7 +193,7 @@ class Llama:
         """The loop below in one C++ call (layer_loop.cpp): the same kernels in the same order, the
         same bits, without the interpreter between them (and without the GIL)."""
         n_tok = h.shape[0]
-        act = self._buffer("act", (min(n_tok, _MLP_ROWS), self.intermediate_size))
+        act = self._buffer("act", (min(n_tok, MLP_ROWS), self.intermediate_size))
         att = self._buffer("att", (n_tok, self.num_heads, self.head_dim))
         step = self.fused.StepAttention(plan.slots, plan.decode_tables, plan.context, plan.prefill_tables,
                                         plan.starts, plan.lens, plan.scale)
@@ -234,10 +202,10 @@ class Llama:
 
     def _mlp(self, h: torch.Tensor, layer: _Layer) -> torch.Tensor:
         """h + MLP(norm(h)). Rows are independent here, so on CPU a long batch (prefill) goes through
-        in slices of _MLP_ROWS rows: the activations stay a few MB, which the allocator reuses and L3
+        in slices of MLP_ROWS rows: the activations stay a few MB, which the allocator reuses and L3
         holds, instead of tens of MB mapped and page-faulted anew in every layer."""
-        for lo in range(0, h.shape[0], _MLP_ROWS):
-            rows = h[lo : lo + _MLP_ROWS]
+        for lo in range(0, h.shape[0], MLP_ROWS):
+            rows = h[lo : lo + MLP_ROWS]
             out = self._mlp_rows(rows, layer)
             if out.data_ptr() != rows.data_ptr():
                 rows.copy_(out)

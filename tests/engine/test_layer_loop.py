@@ -12,7 +12,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.model import fused_ops
+from engine.model import fused_ops, layer_stack
 from engine.params import StoppingParams
 from engine.step_timing import StepTimer
 
@@ -28,7 +28,7 @@ def engine(tiny_model_dir: Path) -> Engine:
                           max_batch_prefill_tokens=700)
     engine = Engine.from_pretrained(tiny_model_dir, config)
     if engine.runner.model.layer_stack is None:
-        pytest.skip("the C++ layer loop is not used here (see Llama._layer_stack)")
+        pytest.skip("the C++ layer loop is not used here (engine/model/layer_stack.py says when)")
     return engine
 
 
@@ -136,15 +136,13 @@ def test_a_loop_that_cannot_be_built_leaves_the_python_loop(engine: Engine,
     model.fused = Broken()  # type: ignore[assignment]
     try:
         with caplog.at_level(logging.WARNING):
-            assert model._layer_stack() is None
+            assert layer_stack.build_layer_stack(model) is None
     finally:
         model.fused = fused
     assert "the forward keeps its Python loop: Tried to access" in caplog.text
 
 
 def test_the_python_loop_can_be_asked_for(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
-    from engine.model import llama
-
-    assert engine.runner.model._layer_stack() is not None
-    monkeypatch.setenv(llama.LAYER_LOOP_ENV, "python")
-    assert engine.runner.model._layer_stack() is None
+    assert layer_stack.build_layer_stack(engine.runner.model) is not None
+    monkeypatch.setenv(layer_stack.ENV, "python")
+    assert layer_stack.build_layer_stack(engine.runner.model) is None
