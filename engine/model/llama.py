@@ -164,9 +164,6 @@ class Llama:
         # a few µs of Python and dispatch, ~10 % of a small decode step over 30 layers.
         norm_out = self._buffer("norm", (n_tok, self.hidden_size))
         qk = self._buffer("qk", (n_tok, heads + kv, hd))  # q and k rotated (_rope)
-        q, k = qk[:n_real, :heads], qk[:n_real, heads:]
-        v_cols = slice((heads + kv) * hd, None)
-        sliced = self.device.type == "cpu" and n_tok > MLP_ROWS  # see _mlp
         h = F.embedding(input_ids, self.embed)
         # The C++ loop is built over the fused ops: a benchmark that switches them off (or the norm
         # to F.rms_norm) takes the Python loop, which follows those switches.
@@ -174,6 +171,9 @@ class Llama:
             plan = attention.native_plan(meta) if isinstance(attention, TorchAttention) else None
             if plan is not None:
                 return self._native_layers(h, cos, sin, n_real, norm_out, qk, plan, k_cache, v_cache)
+        q, k = qk[:n_real, :heads], qk[:n_real, heads:]
+        v_cols = slice((heads + kv) * hd, None)
+        sliced = self.device.type == "cpu" and n_tok > MLP_ROWS  # see _mlp
         act = None if sliced else self._buffer("act", (n_tok, self.intermediate_size))
         for i, layer in enumerate(self.layers):
             qkv = self._apply(layer.qkv, self._rms_norm(h, layer.input_norm, norm_out), "qkv")
