@@ -1,4 +1,4 @@
-"""`conveyor bench`: load an OpenAI-, TGI- or Conveyor-job-compatible server over HTTP and report
+r"""`conveyor bench`: load an OpenAI-, TGI- or Conveyor-job-compatible server over HTTP and report
 throughput, TTFT, TPOT, ITL, E2E latency (mean, p50, p90, p99), errors, goodput and the client's
 own CPU per request; a table, JSON (--result-json) and PNG plots (--plot-dir).
 
