@@ -6,7 +6,7 @@
     .venv/bin/python bench/engine.py --skip-hf --fused torch,kernel,kernel,torch     # A-B-B-A
     .venv/bin/python bench/engine.py --skip-hf --fused F.rms_norm,kernel,kernel,F.rms_norm  # the norm alone
     .venv/bin/python bench/engine.py --skip-hf --admission-order arrival,shortest,shortest,arrival
-    .venv/bin/python bench/engine.py --skip-hf --workload single --min-rows exact,16,16,exact
+    .venv/bin/python bench/engine.py --skip-hf --workload single --min-rows exact,auto,auto,exact
     .venv/bin/python bench/engine.py --skip-hf --kv-cache-dtype auto,bfloat16,bfloat16,auto
     .venv/bin/python bench/engine.py --skip-hf --workload mixed --layer-loop python,cpp,cpp,python
 
@@ -31,8 +31,9 @@ forward's elementwise ops: `kernel` engine/model/fused_ops.cpp (its rms_norm inc
 `F.rms_norm` the same with torch's F.rms_norm (as before 2026-12-03), `torch` the torch ops (what
 CONVEYOR_CPU_FUSED=torch gives), switched on the one loaded model; --admission-order the
 order in which waiting requests are started (EngineConfig.admission_order); --min-rows the
-row count a step's GEMMs are padded to (`exact`: what the model found exact at load, e.g.
-`--min-rows exact,16,16,exact`); --layer-loop the forward's loop over the layers (`cpp`: one call
+row count a step's GEMMs are padded to (`exact`: the fewest the model found exact at load; `auto`,
+the default: the fastest count from there, timed at load, engine/model/row_padding.py);
+--layer-loop the forward's loop over the layers (`cpp`: one call
 of engine/model/layer_loop.cpp where it is built, `python`: Llama.forward's loop, the same kernels);
 --kv-cache-dtype the KV cache's element type (EngineConfig.
 kv_cache_dtype; outermost: one engine per value, each loaded once, runs alternating in the order given).
@@ -218,9 +219,10 @@ def main() -> None:
     parser.add_argument("--admission-order", default=EngineConfig().admission_order,
                         help="comma-separated 'shortest'/'arrival': one engine run per entry (per budget"
                              " and --fused entry), in this order")
-    parser.add_argument("--min-rows", default="exact",
-                        help="comma-separated 'exact' (the count checked at load) or a number: the rows a"
-                             " step's GEMMs are padded to; one engine run per entry (innermost)")
+    parser.add_argument("--min-rows", default="auto",
+                        help="comma-separated 'auto' (the fastest count, timed at load), 'exact' (the fewest"
+                             " exact rows, checked at load) or a number: the rows a step's GEMMs are padded"
+                             " to; one engine run per entry (innermost)")
     parser.add_argument("--layer-loop", default="cpp",
                         help="comma-separated 'cpp'/'python': one engine run per entry (per --fused entry)")
     parser.add_argument("--kv-cache-dtype", default="auto",
@@ -237,13 +239,14 @@ def main() -> None:
     print(f"{kind} matmul peak: {peak / 1e9:.0f} GFLOP/s on {args.threads} threads ({measured})")
     source = resolve_model(None)
     kv_dtypes = args.kv_cache_dtype.split(",")
-    # kv dtype -> engine, its fused ops, exact rows, norm lanes, C++ layer loop
-    engines: dict[str, tuple[Engine, object, int, int, object]] = {}
+    # kv dtype -> engine, its fused ops, (padded, exact) rows, norm lanes, C++ layer loop
+    engines: dict[str, tuple[Engine, object, tuple[int, int], int, object]] = {}
     for kv in dict.fromkeys(kv_dtypes):
         config = EngineConfig(enable_prefix_caching=False, kv_cache_memory=4 * 1024**3, kv_cache_dtype=kv)
         engine = Engine.from_pretrained(source.path, config)
         model = engine.runner.model
-        engines[kv] = (engine, model.fused, model.min_rows, model.norm_lanes, model.layer_stack)
+        engines[kv] = (engine, model.fused, (model.min_rows, model.exact_rows), model.norm_lanes,
+                       model.layer_stack)
     hf = None
     if not args.skip_hf:
         from transformers import AutoModelForCausalLM
@@ -276,7 +279,7 @@ def main() -> None:
         legs = ((kv, o, b, p, m, lo) for kv in kv_dtypes for o in orders for p in args.fused.split(",")
                 for lo in loops for b in budgets for m in min_rows)
         for kv, order, budget, path, rows, loop in legs:
-            engine, fused, exact_rows, lanes, stack = engines[kv]
+            engine, fused, (auto_rows, exact_rows), lanes, stack = engines[kv]
             if loop == "cpp" and stack is None and len(loops) > 1:
                 sys.exit("--layer-loop cpp: the C++ layer loop is not built or not usable here "
                          "(engine/model/layer_stack.py says when), nothing to compare")
@@ -284,7 +287,7 @@ def main() -> None:
             engine.config.max_batch_prefill_tokens = budget  # the scheduler reads the same config
             engine.config.admission_order = order
             set_fused(engine, path, fused, lanes)
-            engine.runner.model.min_rows = exact_rows if rows == "exact" else int(rows)
+            engine.runner.model.min_rows = {"auto": auto_rows, "exact": exact_rows}.get(rows) or int(rows)
             ours, overhead, latency = run_engine(engine, requests)
             label = f"{ours.name} @{budget}" + ("" if args.fused == "kernel" else f" {path}")
             label += "" if len(kv_dtypes) == 1 else f" kv {kv}"

@@ -20,6 +20,7 @@ from engine.attention.torch_paged import NativePlan, TorchAttention
 from engine.model import SUPPORTED_MODEL_TYPES, fused_ops
 from engine.model.layer_stack import MLP_ROWS, build_layer_stack
 from engine.model.linear import Linear, exact_min_rows
+from engine.model.row_padding import padded_rows
 from engine.workspace import Workspace
 
 # RoPE variants whose frequencies depend on the longest position seen: computed per step by
@@ -30,6 +31,7 @@ _LM_HEAD_SLICE = 4096
 # row count, so a sequence's logits would depend on the batch it is in. Padding to the fewest rows
 # at which each weight's GEMM is checked exact at load (linear.exact_min_rows; at most 16) keeps
 # them exact: with oneDNN that is 2 here, and a step of 2 rows runs its GEMMs ~4x faster than 16.
+# Above it the bits are the same, so a step is padded to the fastest count (row_padding.py; 5 here).
 _CPU_MIN_ROWS = 16
 
 
@@ -68,7 +70,7 @@ class Llama:
         self.act = ACT2FN[cfg.hidden_act]
         self.silu = cfg.hidden_act == "silu"
         cpu = device.type == "cpu"
-        self.min_rows = _CPU_MIN_ROWS if cpu else 1
+        self.min_rows = self.exact_rows = _CPU_MIN_ROWS if cpu else 1
         # fused_ops.cpp's silu_and_mul and rope on CPU in float32, else None: torch's ops. One
         # attribute, so that a benchmark can switch paths in one process (bench/engine.py --fused).
         self.fused: ModuleType | None = fused_ops.for_model(device, dtype)
@@ -92,7 +94,8 @@ class Llama:
         if cpu:
             gemms = ((la.qkv, la.o, la.gate_up, la.down) for la in self.layers)
             linears = [self.lm_head, *(linear for four in gemms for linear in four)]
-            self.min_rows = exact_min_rows(linears, _CPU_MIN_ROWS)
+            self.exact_rows = exact_min_rows(linears, _CPU_MIN_ROWS)
+            self.min_rows = padded_rows(linears, self.exact_rows, _CPU_MIN_ROWS)
         # transformers' rotary module gives cos/sin for every RoPE scaling type; a copy, so that
         # moving it to our device leaves the caller's model alone.
         self.rotary = copy.deepcopy(base.rotary_emb).to(device)

@@ -18,6 +18,7 @@ from transformers import (
 from engine import kv_cache
 from engine.batch import ScheduledChunk
 from engine.config import EngineConfig
+from engine.model import row_padding
 from engine.model_runner import ModelRunner, resolve_kv_dtype
 from engine.sequence import Sequence
 
@@ -186,6 +187,19 @@ def test_logits_do_not_depend_on_the_batch(llama: LlamaForCausalLM) -> None:
     for others in ([3], [20, 5], [7] * 20, [2, 40, 9, 9, 1]):
         together = _trace(_runner(llama), [11, *others], 5)
         assert all(torch.equal(a, b) for a, b in zip(alone, together, strict=True)), others
+
+
+def test_steps_padded_to_any_count_from_the_exact_rows_give_the_same_logits(llama: LlamaForCausalLM) -> None:
+    # The count a step is padded to is chosen by speed at load (row_padding.py): free only because
+    # every count from the exact one up gives the same bits; a lone decode row is the padded case.
+    model = _runner(llama).model
+    assert model.exact_rows <= model.min_rows <= max(model.exact_rows, row_padding.MOST_TRIED)
+    traces = []
+    for rows in (model.exact_rows, model.min_rows, 16):
+        runner = _runner(llama)
+        runner.model.min_rows = rows
+        traces.append(_trace(runner, [11], 5))
+    assert all(torch.equal(a, b) for trace in traces[1:] for a, b in zip(traces[0], trace, strict=True))
 
 
 def test_sampling_rows_only(llama: LlamaForCausalLM) -> None:
