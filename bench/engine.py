@@ -239,14 +239,13 @@ def main() -> None:
     print(f"{kind} matmul peak: {peak / 1e9:.0f} GFLOP/s on {args.threads} threads ({measured})")
     source = resolve_model(None)
     kv_dtypes = args.kv_cache_dtype.split(",")
-    # kv dtype -> engine, its fused ops, (padded, exact) rows, norm lanes, C++ layer loop
-    engines: dict[str, tuple[Engine, object, tuple[int, int], int, object]] = {}
+    # kv dtype -> engine, its fused ops, the rows chosen at load, norm lanes, C++ layer loop
+    engines: dict[str, tuple[Engine, object, int, int, object]] = {}
     for kv in dict.fromkeys(kv_dtypes):
         config = EngineConfig(enable_prefix_caching=False, kv_cache_memory=4 * 1024**3, kv_cache_dtype=kv)
         engine = Engine.from_pretrained(source.path, config)
         model = engine.runner.model
-        engines[kv] = (engine, model.fused, (model.min_rows, model.exact_rows), model.norm_lanes,
-                       model.layer_stack)
+        engines[kv] = (engine, model.fused, model.min_rows, model.norm_lanes, model.layer_stack)
     hf = None
     if not args.skip_hf:
         from transformers import AutoModelForCausalLM
@@ -279,7 +278,7 @@ def main() -> None:
         legs = ((kv, o, b, p, m, lo) for kv in kv_dtypes for o in orders for p in args.fused.split(",")
                 for lo in loops for b in budgets for m in min_rows)
         for kv, order, budget, path, rows, loop in legs:
-            engine, fused, (auto_rows, exact_rows), lanes, stack = engines[kv]
+            engine, fused, auto_rows, lanes, stack = engines[kv]
             if loop == "cpp" and stack is None and len(loops) > 1:
                 sys.exit("--layer-loop cpp: the C++ layer loop is not built or not usable here "
                          "(engine/model/layer_stack.py says when), nothing to compare")
@@ -287,12 +286,13 @@ def main() -> None:
             engine.config.max_batch_prefill_tokens = budget  # the scheduler reads the same config
             engine.config.admission_order = order
             set_fused(engine, path, fused, lanes)
-            engine.runner.model.min_rows = {"auto": auto_rows, "exact": exact_rows}.get(rows) or int(rows)
+            model = engine.runner.model  # min_rows is set per leg; exact_rows never changes
+            model.min_rows = {"auto": auto_rows, "exact": model.exact_rows}.get(rows) or int(rows)
             ours, overhead, latency = run_engine(engine, requests)
             label = f"{ours.name} @{budget}" + ("" if args.fused == "kernel" else f" {path}")
             label += "" if len(kv_dtypes) == 1 else f" kv {kv}"
             label += "" if len(orders) == 1 else f" {order}"
-            label += "" if len(min_rows) == 1 else f" rows>={engine.runner.model.min_rows}"
+            label += "" if len(min_rows) == 1 else f" rows>={model.min_rows}"
             label += "" if len(loops) == 1 else f" loop {loop}"
             print(f"{label:30s} total {ours.total_tps:7.1f} tok/s   "
                   f"output {ours.output_tps:6.1f} tok/s   ({ours.seconds:.1f} s)   {latency}")
