@@ -53,7 +53,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 bench: $(STAMP)
-	$(BIN)/python bench/engine.py
+	$(BIN)/python benchmarks/engine.py
 
 clean:
 	rm -rf $(VENV)

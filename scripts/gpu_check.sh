@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The prepared GPU check of issue #18 (bench/gpu_check.py): correctness of the CUDA path against
+# The prepared GPU check of issue #18 (benchmarks/gpu_check.py): correctness of the CUDA path against
 # Hugging Face, decode and prefill speed against the ceilings it measures. At most 8 minutes.
 #
-#   bash scripts/gpu_check.sh [bench/gpu_check.py options]
+#   bash scripts/gpu_check.sh [benchmarks/gpu_check.py options]
 #
 # Writes gpu_check.json, gpu_check.md and gpu_check.log to $OUT when set (the device machine's
 # folder that comes back), else bench/results/gpu-check/. PYTHON picks the interpreter (default:
@@ -18,7 +18,7 @@ python="${PYTHON:-}"
 if [ -z "$python" ]; then
     if [ -x .venv/bin/python ]; then python=.venv/bin/python; else python=python3; fi
 fi
-timeout --kill-after=15 "${GPU_CHECK_TIMEOUT:-480}" "$python" bench/gpu_check.py --out "$out" "$@" 2>&1 \
+timeout --kill-after=15 "${GPU_CHECK_TIMEOUT:-480}" "$python" benchmarks/gpu_check.py --out "$out" "$@" 2>&1 \
     | tee "$out/gpu_check.log"
 status=${PIPESTATUS[0]}
 [ "$status" -eq 124 ] && echo "gpu_check: stopped at the ${GPU_CHECK_TIMEOUT:-480} s bound; $out holds what it measured"

@@ -6,7 +6,8 @@ that own their state for one test (the `redis` fixture flushes it before each); 
 holds the session- and module-scoped services (each under its own key prefix) and is never
 flushed.
 
-CONVEYOR_TEST_REDIS=cluster makes both a 3-node Redis Cluster on loopback (launcher/redis_cluster.py),
+CONVEYOR_TEST_REDIS=cluster makes both a 3-node Redis Cluster on loopback
+(conveyor/launcher/redis_cluster.py),
 and every client of them a cluster client: the suite of tests/test_cluster.py (CLUSTER_MODULES) runs
 so, in `make test` and alone with `make test-cluster`."""
 
@@ -24,12 +25,12 @@ import httpx
 import pytest
 import torch
 
-from launcher.redis_cluster import LocalCluster
-from launcher.redis_server import EmbeddedRedis, free_port
+from conveyor.launcher.redis_cluster import LocalCluster
+from conveyor.launcher.redis_server import EmbeddedRedis, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER = os.environ.get("CONVEYOR_TEST_REDIS") == "cluster"
-# Without a GPU the Triton attention kernels (engine/attention/triton_kernels.py) run under
+# Without a GPU the Triton attention kernels (conveyor/engine/attention/triton_kernels.py) run under
 # Triton's CPU interpreter; it is chosen when a kernel is defined, so before anything imports them.
 # With one they run compiled (tests/engine/test_attention_cuda.py).
 if not torch.cuda.is_available():
@@ -43,16 +44,16 @@ def new_redis_server(data_dir: Path) -> EmbeddedRedis | LocalCluster:
 
 def async_client(url: str):  # type: ignore[no-untyped-def]
     """An asyncio client of a test server, strings decoded (RedisCluster for a cluster's URL)."""
-    from redisconn.client import make_client
-    from schemas.settings import Settings
+    from conveyor.jobqueue.client import make_client
+    from conveyor.settings import Settings
 
     return make_client(Settings(redis_url=url, redis_cluster=CLUSTER), decode_responses=True)
 
 
 def sync_client(url: str):  # type: ignore[no-untyped-def]
     """A blocking client of a test server, strings decoded (RedisCluster for a cluster's URL)."""
-    from redisconn.client import make_sync_client
-    from schemas.settings import Settings
+    from conveyor.jobqueue.client import make_sync_client
+    from conveyor.settings import Settings
 
     return make_sync_client(Settings(redis_url=url, redis_cluster=CLUSTER), decode_responses=True)
 
@@ -120,7 +121,7 @@ def start_service(tmp: Path, redis_url: str, extra_env: dict[str, str] | None = 
         if role == "webhooks":
             own = {"CONVEYOR_WEBHOOK_METRICS_PORT": "0"}
         processes[name] = subprocess.Popen(
-            [sys.executable, "-m", "launcher.cli", role], env={**env, **own}, cwd=REPO, stdout=log, stderr=log
+            [sys.executable, "-m", "conveyor", role], env={**env, **own}, cwd=REPO, stdout=log, stderr=log
         )
     service = RunningService(f"http://127.0.0.1:{port}", redis_url, env, processes, tmp, metrics_ports)
     deadline = time.monotonic() + 300
@@ -154,7 +155,7 @@ def stop_service(service: RunningService) -> None:
 @pytest.fixture(scope="session")
 def default_model_dir() -> Path:
     """The default model, converted once into the shared cache (as `make run` does)."""
-    from engine.loader import resolve_model
+    from conveyor.engine.loader import resolve_model
 
     return resolve_model(None).path
 
@@ -170,7 +171,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, default_model_dir: 
 
 def write_tiny_llama(path: Path, tokenizer_dir: Path) -> Path:
     """The tiny random Llama into `path`, with the tokenizer files of `tokenizer_dir` (also used by
-    bench/redis_cost.py)."""
+    benchmarks/redis_cost.py)."""
     import shutil
 
     import torch

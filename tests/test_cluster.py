@@ -1,6 +1,6 @@
 """The integration suite on a real Redis Cluster: a representative set of the api, worker, relay,
 failover and cancel tests runs again with CONVEYOR_TEST_REDIS=cluster, under which tests/conftest.py
-starts a 3-node cluster on loopback (launcher/redis_cluster.py) instead of one server, and every
+starts a 3-node cluster on loopback (conveyor/launcher/redis_cluster.py) instead of one server, and every
 process and client of those tests talks to it through redis-py's RedisCluster. A run of its own (a
 pytest process) so its session fixtures, the servers and services, are the cluster's; `make
 test-cluster` runs the same modules directly."""

@@ -7,11 +7,11 @@ import json
 import re
 from pathlib import Path
 
-from api.metrics import ApiMetrics
-from schemas.worker import EngineLoad
-from telemetry.prom import render
-from webhooks.metrics import DeliveryMetrics
-from worker.metrics import WorkerMetrics
+from conveyor.api.metrics import ApiMetrics
+from conveyor.telemetry.prom import render
+from conveyor.webhooks.metrics import DeliveryMetrics
+from conveyor.wire.heartbeat import EngineLoad
+from conveyor.worker.metrics import WorkerMetrics
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "deploy" / "grafana" / "conveyor.json"
 

@@ -14,9 +14,9 @@ import httpx
 import pytest
 from redis import Redis
 
-from launcher.redis_server import EmbeddedRedis
-from schemas.keys import Keys
-from schemas.worker import WorkerInfo
+from conveyor.jobqueue.keys import Keys
+from conveyor.launcher.redis_server import EmbeddedRedis
+from conveyor.wire.heartbeat import WorkerInfo
 from tests.conftest import RunningService, start_service, stop_service, sync_client
 from tests.receiver import Receiver
 

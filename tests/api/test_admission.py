@@ -15,14 +15,14 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from api.admission import WRITE_GRACE_S, Admission
-from api.errors import Overloaded
-from api.jobs import JobStore, new_job_id
-from api.redis_client import api_redis, pool_size
-from launcher.redis_server import EmbeddedRedis
-from schemas.job import JobSpec, JobStatus, RecordField, StoppingSpec
-from schemas.keys import Keys
-from schemas.settings import Settings
+from conveyor.api.errors import Overloaded
+from conveyor.api.jobpath.admission import WRITE_GRACE_S, Admission
+from conveyor.api.jobpath.store import JobStore, new_job_id
+from conveyor.api.redis_pool import api_redis, pool_size
+from conveyor.jobqueue.keys import Keys
+from conveyor.launcher.redis_server import EmbeddedRedis
+from conveyor.settings import Settings
+from conveyor.wire.job import JobSpec, JobStatus, RecordField, StoppingSpec
 from tests.api.conftest import auth, keys_of
 from tests.conftest import RunningService, start_service, stop_service
 

@@ -14,9 +14,9 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from launcher.redis_server import EmbeddedRedis, free_port
-from schemas.job import JobStatus, RecordField
-from schemas.keys import Keys
+from conveyor.jobqueue.keys import Keys
+from conveyor.launcher.redis_server import EmbeddedRedis, free_port
+from conveyor.wire.job import JobStatus, RecordField
 from tests.api.conftest import KEYS, auth
 from tests.conftest import RunningService, start_service, stop_service
 

@@ -6,9 +6,9 @@ import pytest
 from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import ValidationError
 
-from api.auth import Auth, load_api_keys
-from api.errors import Unauthorized
-from schemas.settings import Settings
+from conveyor.api.auth import Auth, load_api_keys
+from conveyor.api.errors import Unauthorized
+from conveyor.settings import Settings
 
 
 def bearer(key: str) -> HTTPAuthorizationCredentials:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from api.batch_lines import parse_line
-from api.batch_results import error_line
-from api.batch_runner import line_job_id
-from schemas.batch import BatchLine, LineError
+from conveyor.api.batch.lines import parse_line
+from conveyor.api.batch.results import error_line
+from conveyor.api.batch.runner import line_job_id
+from conveyor.wire.batch import BatchLine, LineError
 
 
 def test_a_valid_envelope_parses() -> None:

@@ -14,8 +14,8 @@ import httpx
 import openai
 import pytest
 
-from api.batch_runner import line_job_id
-from launcher.redis_server import EmbeddedRedis
+from conveyor.api.batch.runner import line_job_id
+from conveyor.launcher.redis_server import EmbeddedRedis
 from tests.api.conftest import auth, keys_of, redis_of, until, wait_ready
 from tests.conftest import REPO, RunningService, start_service, stop_service
 
@@ -273,7 +273,7 @@ def test_a_batch_goes_on_after_its_api_restarts(batch_service: RunningService) -
     old.terminate()
     old.wait(60)
     log = open(batch_service.log_dir / "api-restarted.log", "wb")  # noqa: SIM115 - closed with the process
-    batch_service.processes["api"] = subprocess.Popen([sys.executable, "-m", "launcher.cli", "api"],
+    batch_service.processes["api"] = subprocess.Popen([sys.executable, "-m", "conveyor", "api"],
                                                       env=batch_service.env, cwd=REPO, stdout=log, stderr=log)
     until(lambda: _answers(batch_service), "the new api answers", 120)
     done = wait_status(c, batch.id, ENDED)

@@ -19,7 +19,7 @@ N, IN, OUT = 6, 12, 4
 
 def bench(service, tiny_model_dir: Path, out: Path, *args: str) -> dict:  # type: ignore[no-untyped-def]
     key = next(iter(KEYS))
-    cmd = [sys.executable, "-m", "launcher.cli", "bench", "--base-url", service.base_url, "--api-key", key,
+    cmd = [sys.executable, "-m", "conveyor", "bench", "--base-url", service.base_url, "--api-key", key,
            "--tokenizer", str(tiny_model_dir), "--num-prompts", str(N), "--input-len", str(IN),
            "--output-len", str(OUT), "--no-progress", "--result-json", str(out), "--slo", "e2el=600s", *args]
     done = subprocess.run(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,

@@ -9,10 +9,10 @@ import textwrap
 
 import pytest
 
-from api.chat_template import ChatTemplate, ChatTemplateError
-from api.tokenizer import PromptTokenizer
-from api.validation import tgi_prompt
-from schemas.settings import Settings
+from conveyor.api.requests.chat_template import ChatTemplate, ChatTemplateError
+from conveyor.api.requests.limits import tgi_prompt
+from conveyor.api.requests.tokenizer import PromptTokenizer
+from conveyor.settings import Settings
 from tests.conftest import REPO
 
 CONVERSATIONS = [
@@ -23,7 +23,7 @@ CONVERSATIONS = [
 
 
 def test_matches_transformers_apply_chat_template(default_model_dir) -> None:  # type: ignore[no-untyped-def]
-    from engine.loader import load_tokenizer
+    from conveyor.engine.loader import load_tokenizer
 
     template = ChatTemplate.from_model_dir(default_model_dir)
     assert template is not None
@@ -73,7 +73,7 @@ def test_a_template_that_does_not_parse_fails_at_load() -> None:
 
 
 def test_the_api_tokenizer_matches_transformers(default_model_dir) -> None:  # type: ignore[no-untyped-def]
-    from engine.loader import load_tokenizer
+    from conveyor.engine.loader import load_tokenizer
 
     tokenizer = PromptTokenizer(default_model_dir)
     reference = load_tokenizer(default_model_dir)
@@ -102,10 +102,10 @@ def test_the_api_process_loads_no_torch(tiny_model_dir) -> None:  # type: ignore
     and seconds of start-up in every api process)."""
     script = textwrap.dedent(f"""
         import sys
-        from api.app import create_app
-        from api.chat_template import ChatTemplate
-        from api.tokenizer import PromptTokenizer
-        from schemas.settings import Settings
+        from conveyor.api.app import create_app
+        from conveyor.api.requests.chat_template import ChatTemplate
+        from conveyor.api.requests.tokenizer import PromptTokenizer
+        from conveyor.settings import Settings
         model = {str(tiny_model_dir)!r}
         create_app(Settings(redis_url="redis://127.0.0.1:1"), model, "tiny")
         text = ChatTemplate.from_model_dir(model).render([{{"role": "user", "content": "hi"}}])

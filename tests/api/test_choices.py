@@ -140,9 +140,9 @@ def test_cancel_of_a_multi_choice_job(tiny_service) -> None:  # type: ignore[no-
 
 
 def test_every_sequence_counts_against_the_batch_token_budget() -> None:
-    from api.choices import check_tokens
-    from api.errors import ValidationError
-    from schemas.settings import Settings
+    from conveyor.api.errors import ValidationError
+    from conveyor.api.requests.choices import check_tokens
+    from conveyor.settings import Settings
 
     settings = Settings(max_batch_total_tokens=1000)
     check_tokens(settings, 3, 100, 300, "n", "max_tokens")  # 100 + 3 × 300 = 1000: fits

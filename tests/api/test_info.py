@@ -8,7 +8,7 @@ from importlib.metadata import version
 
 import httpx
 
-from schemas.worker import WorkerInfo
+from conveyor.wire.heartbeat import WorkerInfo
 from tests.api.conftest import KNOBS, keys_of, redis_of
 
 # TGI 3's /info (router/src/lib.rs `Info`), and the fields TGI 2 also had, which Conveyor keeps.

@@ -8,10 +8,10 @@ import time
 import httpx
 import pytest
 
-from api.app import model_runtime
-from schemas.keys import Keys
-from schemas.settings import Settings
-from schemas.worker import WorkerInfo
+from conveyor.api.app import model_runtime
+from conveyor.jobqueue.keys import Keys
+from conveyor.settings import Settings
+from conveyor.wire.heartbeat import WorkerInfo
 from tests.conftest import RunningService
 
 

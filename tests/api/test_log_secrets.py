@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from telemetry.logs import REDACTED, redact, redact_values
+from conveyor.telemetry.logs import REDACTED, redact, redact_values
 from tests.conftest import RunningService, start_service, stop_service
 
 KEY = "ck-live-0123456789abcdef"  # the configured key

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from api.body_text import unpaired_surrogate
+from conveyor.api.body_text import unpaired_surrogate
 from tests.api.conftest import auth
 from tests.api.test_validation import queued
 

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from schemas.openai import ChatCompletionRequest, CompletionRequest
+from conveyor.wire.openai import ChatCompletionRequest, CompletionRequest
 from tests.api.conftest import auth, until
 from tests.api.sse import events
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from api.app import create_app
-from schemas.settings import Settings
+from conveyor.api.app import create_app
+from conveyor.settings import Settings
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""The api's placement weighs a worker's backlog against the prefix it holds (api/affinity.py): a
+"""The api's placement weighs a worker's backlog against the prefix it holds
+(conveyor/api/jobpath/placement.py): a
 burst of jobs with one prefix goes to its holder until what the api placed there since the last
 heartbeat outweighs the prefill it saves; then to the shared stream; a fresh heartbeat resets it.
 A real valkey-server; the fleet's view is set by hand, no worker runs."""
@@ -8,12 +9,12 @@ from __future__ import annotations
 import time
 import uuid
 
-from api.affinity import Placement
-from schemas.affinity import PrefixSummary, WorkerPrefixes
-from schemas.job import JobSpec, SamplingSpec, StoppingSpec
-from schemas.keys import Keys
-from schemas.prefix_hash import prefix_hashes
-from schemas.settings import Settings
+from conveyor.api.jobpath.placement import Placement
+from conveyor.jobqueue.keys import Keys
+from conveyor.jobqueue.placement import PrefixSummary, WorkerPrefixes
+from conveyor.jobqueue.prefix_hash import prefix_hashes
+from conveyor.settings import Settings
+from conveyor.wire.job import JobSpec, SamplingSpec, StoppingSpec
 
 BS = 16
 SYSTEM = [1000 + i for i in range(8 * BS)]  # 8 blocks the holder has cached

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from tokenizers import Tokenizer
 
-from schemas.job import RecordField
+from conveyor.wire.job import RecordField
 from tests.api.conftest import auth, keys_of, redis_of
 from tests.api.sse import events
 

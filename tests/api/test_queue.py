@@ -8,7 +8,7 @@ import time
 import httpx
 from redis import Redis
 
-from schemas.keys import Keys
+from conveyor.jobqueue.keys import Keys
 from tests.api.conftest import auth
 from tests.api.sse import events
 

@@ -18,11 +18,13 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import MaxConnectionsError, OutOfMemoryError, ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from api import async_jobs, errors, openai, tgi
-from api.errors import ValidationError
-from api.relay import StreamInterrupted
-from api.sse import guarded, sse
-from launcher.redis_server import EmbeddedRedis, free_port
+from conveyor.api import errors
+from conveyor.api.errors import ValidationError
+from conveyor.api.jobpath.relay import StreamInterrupted
+from conveyor.api.responses.sse import guarded, sse
+from conveyor.api.routes import jobs as async_jobs
+from conveyor.api.routes import openai, tgi
+from conveyor.launcher.redis_server import EmbeddedRedis, free_port
 from tests.conftest import RunningService, start_service, stop_service
 
 TGI_BODY = {"inputs": "Hello", "parameters": {"max_new_tokens": 3}}

@@ -16,12 +16,12 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from api.redis_client import api_redis
-from api.relay import Relay, StreamInterrupted
-from launcher.redis_server import EmbeddedRedis
-from schemas.job import EventToken, JobEvent, JobResult, JobStatus
-from schemas.keys import Keys, event_entry_id
-from schemas.settings import Settings
+from conveyor.api.jobpath.relay import Relay, StreamInterrupted
+from conveyor.api.redis_pool import api_redis
+from conveyor.jobqueue.keys import Keys, event_entry_id
+from conveyor.launcher.redis_server import EmbeddedRedis
+from conveyor.settings import Settings
+from conveyor.wire.job import EventToken, JobEvent, JobResult, JobStatus
 from tests.api.conftest import auth, keys_of
 from tests.api.test_relay import collect, wait_until
 from tests.conftest import RunningService, start_service, stop_service
@@ -139,7 +139,7 @@ async def test_an_outage_past_the_timeout_ends_the_stream_and_the_relay_recovers
 
 async def test_a_paused_redis_is_noticed_and_the_stream_ends_with_an_error(
         server: EmbeddedRedis, monkeypatch: pytest.MonkeyPatch) -> None:
-    import api.pubsub as pubsub_module
+    import conveyor.jobqueue.subscriptions as pubsub_module
 
     for name in ("PING_S", "PONG_TIMEOUT_S", "SOCKET_TIMEOUT_S"):
         monkeypatch.setattr(pubsub_module, name, 0.3)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import httpx
 
-from schemas.job import EventToken, JobEvent, JobResult, JobStatus
-from schemas.keys import event_entry_id
+from conveyor.jobqueue.keys import event_entry_id
+from conveyor.wire.job import EventToken, JobEvent, JobResult, JobStatus
 from tests.api.conftest import auth, keys_of, redis_of
 from tests.api.sse import events
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from api.tool_stream import ToolStream, _partial_tag
-from api.tools import parse, tool_messages
-from schemas.openai import ChatCompletionRequest
+from conveyor.api.requests.tools import parse, tool_messages
+from conveyor.api.responses.tool_stream import ToolStream, _partial_tag
+from conveyor.wire.openai import ChatCompletionRequest
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 BODY = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], tools=TOOLS)  # type: ignore[list-item]

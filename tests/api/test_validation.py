@@ -8,7 +8,7 @@ import httpx
 import pytest
 from redis import Redis
 
-from schemas.keys import Keys
+from conveyor.jobqueue.keys import Keys
 from tests.api.conftest import auth
 
 LONG_PROMPT = "hello " * 1500  # ~1500 tokens > max_input_tokens = 1000

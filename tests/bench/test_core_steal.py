@@ -1,4 +1,4 @@
-"""bench/core_steal.py's pure parts: it reads bench/engine.py's throughput line, and refuses a
+"""benchmarks/core_steal.py's pure parts: it reads benchmarks/engine.py's throughput line, and refuses a
 duty cycle that is not one."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from bench.core_steal import _TOTAL
+from benchmarks.core_steal import _TOTAL
 from tests.conftest import REPO
 
 
@@ -18,12 +18,12 @@ def test_reads_the_engine_line_as_bench_engine_prints_it() -> None:
 
 
 def test_refuses_more_on_time_than_its_period() -> None:
-    done = subprocess.run([sys.executable, "bench/core_steal.py", "--on-ms", "20", "--period-ms", "10"],
+    done = subprocess.run([sys.executable, "benchmarks/core_steal.py", "--on-ms", "20", "--period-ms", "10"],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "--on-ms <= --period-ms" in done.stderr
 
 
 def test_refuses_an_unknown_priority() -> None:
-    done = subprocess.run([sys.executable, "bench/core_steal.py", "--policies", "normal,realtime"],
+    done = subprocess.run([sys.executable, "benchmarks/core_steal.py", "--policies", "normal,realtime"],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "--policies takes normal, nice, idle" in done.stderr

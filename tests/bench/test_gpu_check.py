@@ -1,7 +1,7 @@
 """scripts/gpu_check.sh on this CPU machine: the correctness part (a) runs under Triton's
 interpreter and passes, the GPU parts are marked skipped with a reason; --smoke-speed runs the
 speed parts' code on a tiny model and its byte and FLOP counts match the model's shape. And the
-pass rule of the comparison against Hugging Face (bench/gpu_correctness.py), without a model."""
+pass rule of the comparison against Hugging Face (benchmarks/gpu_correctness.py), without a model."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
-from bench.gpu_correctness import Greedy, compare_to_reference  # noqa: E402
-from bench.gpu_speed import SMOKE_SHAPE  # noqa: E402
+from benchmarks.gpu_correctness import Greedy, compare_to_reference  # noqa: E402
+from benchmarks.gpu_speed import SMOKE_SHAPE  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_SPEED = ["--smoke-speed", "--decode-batches", "1,2", "--context", "40", "--prefill", "2x32",

@@ -1,4 +1,4 @@
-"""bench/kv_locality.py's block layouts: each is what its name says, and no block is used twice."""
+"""benchmarks/kv_locality.py's block layouts: each is what its name says, and no block is used twice."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from bench.kv_locality import BLOCK, LAYOUTS, block_tables
+from benchmarks.kv_locality import BLOCK, LAYOUTS, block_tables
 
 CONTEXTS = [3 * BLOCK, BLOCK + 1, 5 * BLOCK - 2, 1]
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.loadgen.arrival import schedule
-from bench.loadgen.metrics import meets, parse_slo, percentile, summarize
-from bench.loadgen.record import Record
-from bench.loadgen.workloads import HFTokenizer, jsonl_workload, parse_length, random_workload
+from conveyor.bench.arrival import schedule
+from conveyor.bench.metrics import meets, parse_slo, percentile, summarize
+from conveyor.bench.record import Record
+from conveyor.bench.workloads import HFTokenizer, jsonl_workload, parse_length, random_workload
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.loadgen.sse import events
+from conveyor.bench.sse import events
 
 STREAM = (": keep-alive\n\n"
           "data: {\"text\": \"caf\u00e9 \u2603\"}\n\n"

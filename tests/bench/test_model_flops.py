@@ -1,4 +1,4 @@
-"""bench/model_flops.py: the attention FLOPs of a workload, against a count of a causal mask."""
+"""benchmarks/model_flops.py: the attention FLOPs of a workload, against a count of a causal mask."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from bench.model_flops import attended_pairs, attention_flops, flops_per_token
+from benchmarks.model_flops import attended_pairs, attention_flops, flops_per_token
 
 
 def pairs_by_mask(prompt_len: int, generated: int) -> int:

@@ -1,4 +1,4 @@
-"""bench/peers.py's and bench/overhead.py's pure parts: the stream-client workload, the table's
+"""benchmarks/peers.py's and benchmarks/overhead.py's pure parts: the stream-client workload, the table's
 ratios (A-B-A midpoint, drift), and reading CPU seconds from /proc (no server)."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from bench import procstat
-from bench.loadgen.workloads import stream_client_workload
-from bench.peer_table import Row, midpoint, side_by_side, values
+from benchmarks import procstat
+from benchmarks.peer_table import Row, midpoint, side_by_side, values
+from conveyor.bench.workloads import stream_client_workload
 
 
 def test_mixed_workload_is_stream_client_s_own() -> None:
@@ -59,8 +59,8 @@ def test_proc_stat_parsing_survives_odd_command_names() -> None:
 
 
 @pytest.mark.parametrize(("argv", "role"), [
-    (["/v/bin/python", "-m", "launcher.cli", "worker"], "worker"),
-    (["/v/bin/python", "-m", "launcher.cli", "serve", "--port", "1"], "launcher"),
+    (["/v/bin/python", "-m", "conveyor", "worker"], "worker"),
+    (["/v/bin/python", "-m", "conveyor", "serve", "--port", "1"], "launcher"),
     (["/v/bin/python", "/v/bin/conveyor", "api"], "api"),
     (["/x/valkey-server", "*:0"], "valkey"),
     (["/usr/bin/sleep", "9"], "sleep"),
@@ -80,7 +80,7 @@ def test_own_cpu_is_counted_and_grows() -> None:
 
 
 def test_worker_step_seconds_from_its_metrics() -> None:
-    from bench.overhead import step_totals
+    from benchmarks.overhead import step_totals
 
     text = ('tgi_batch_inference_duration_sum{method="prefill"} 1.5\n'
             'tgi_batch_inference_duration_count{method="prefill"} 3.0\n'
@@ -92,7 +92,7 @@ def test_worker_step_seconds_from_its_metrics() -> None:
 
 
 def test_overhead_report_ratio_and_cpu_breakdown() -> None:
-    from bench.overhead_report import cpu_rows, report
+    from benchmarks.overhead_report import cpu_rows, report
 
     engine = {"total_token_throughput": 100.0, "duration_s": 10.0, "step_s": 9.5, "steps": 50, "cpu_s": 19.0}
     full = {"total_token_throughput": 80.0, "duration_s": 12.5, "step_s": 11.0, "steps": 51,
@@ -109,7 +109,7 @@ def test_overhead_report_ratio_and_cpu_breakdown() -> None:
 
 
 def test_each_full_leg_is_compared_to_the_engine_legs_around_it() -> None:
-    from bench.overhead_report import bracketed, report
+    from benchmarks.overhead_report import bracketed, report
 
     def leg(tps: float, full: bool = False) -> dict[str, Any]:
         cpu = {"worker": 19.0, "api": 1.0} if full else 19.0
@@ -127,7 +127,7 @@ def test_the_sitting_s_workloads(tiny_model_dir) -> None:  # type: ignore[no-unt
     import argparse
     import math
 
-    from bench.peers import workloads
+    from benchmarks.peers import workloads
 
     args = argparse.Namespace(model_dir=tiny_model_dir, num_prompts=6, input_len=20, output_len=5, seed=0,
                               poisson_rate=4.0, workloads="peer,mixed,poisson")
@@ -146,7 +146,7 @@ def test_the_sitting_s_workloads(tiny_model_dir) -> None:  # type: ignore[no-unt
 
 
 def test_dtype_sets_both_servers_alike() -> None:
-    from bench.peers import dtype_envs
+    from benchmarks.peers import dtype_envs
 
     conveyor = {"CONVEYOR_CPU_GEMM": "bf16", "CONVEYOR_KV_CACHE_DTYPE": "bfloat16"}
     assert dtype_envs("bf16") == (conveyor, {"DTYPE": "bfloat16"})

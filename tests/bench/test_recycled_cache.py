@@ -1,8 +1,8 @@
-"""bench/recycled_cache.py's pure parts: the layout measure and the workload it times."""
+"""benchmarks/recycled_cache.py's pure parts: the layout measure and the workload it times."""
 
 from __future__ import annotations
 
-from bench.recycled_cache import mixed, neighbours
+from benchmarks.recycled_cache import mixed, neighbours
 
 
 def test_neighbours_counts_forward_and_backward_steps() -> None:

@@ -1,11 +1,11 @@
-"""bench/step_profile.py's summary of timed steps (no model, no engine)."""
+"""benchmarks/step_profile.py's summary of timed steps (no model, no engine)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.step_profile import bucket_table, kind, summarize
-from engine.step_timing import StepRecord
+from benchmarks.step_profile import bucket_table, kind, summarize
+from conveyor.engine.step_timing import StepRecord
 
 
 def test_summary_utilisation_and_its_gemm_only_ceiling() -> None:

@@ -1,6 +1,6 @@
 """The console's tests: a real api + worker on the tiny model with API keys (alice is an operator,
 bob is not), headless Chromium driven by selenium, and a way to put a job in the dead-letter stream
-exactly as a worker does (worker/publisher.py `dead_letter`).
+exactly as a worker does (conveyor/worker/publisher.py `dead_letter`).
 
 The browser is Debian's `chromium` + `chromium-driver` (`.ci/run` installs them under CI). Without
 them the browser tests are skipped with the reason — except under CI=true, where they fail."""
@@ -22,13 +22,13 @@ import httpx
 import pytest
 from redis.asyncio import Redis as AsyncRedis
 
-from launcher.redis_server import EmbeddedRedis
-from schemas.job import JobEvent, JobResult, JobSpec, JobStatus, RecordField, StoppingSpec
-from schemas.keys import event_entry_id
+from conveyor.jobqueue.keys import event_entry_id
+from conveyor.launcher.redis_server import EmbeddedRedis
+from conveyor.wire.job import JobEvent, JobResult, JobSpec, JobStatus, RecordField, StoppingSpec
+from conveyor.worker.intake import Entry
+from conveyor.worker.publisher import Publisher
 from tests.api.conftest import KEYS, keys_of, redis_of, until, wait_ready
 from tests.conftest import REPO, RunningService, start_service, stop_service
-from worker.intake import Entry
-from worker.publisher import Publisher
 
 # The README's screenshots are retaken with CONVEYOR_UPDATE_SCREENSHOTS=1; otherwise a test run leaves
 # the tree alone and writes them to a temporary directory.

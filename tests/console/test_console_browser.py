@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from schemas.worker import WorkerInfo
+from conveyor.wire.heartbeat import WorkerInfo
 from tests.api.conftest import keys_of, redis_of, until
 from tests.conftest import RunningService
 from tests.console.conftest import SHOTS, dead_letter, job_view, key_of, wait_ended

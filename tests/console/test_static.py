@@ -7,7 +7,7 @@ import re
 
 import httpx
 
-from api.console_routes import FILES, STATIC
+from conveyor.api.routes.console import FILES, STATIC
 from tests.conftest import RunningService
 
 

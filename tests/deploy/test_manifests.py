@@ -17,8 +17,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from schemas.keys import WORKER_GROUP, Keys
-from schemas.settings import ENV_PREFIX, Settings
+from conveyor.jobqueue.keys import WORKER_GROUP, Keys
+from conveyor.settings import ENV_PREFIX, Settings
 from tests.deploy.kustomize import containers, find, render
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from launcher.redis_server import free_port
+from conveyor.launcher.redis_server import free_port
 from tests.e2e.test_serve import wait_serving
 
 pytestmark = pytest.mark.slow
@@ -44,7 +44,7 @@ def serve(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path):  #
     log_path = tmp / "serve.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "launcher.cli", "serve", "--port", str(port), "--data-dir", str(tmp),
+            [sys.executable, "-m", "conveyor", "serve", "--port", str(port), "--data-dir", str(tmp),
              "--model", str(default_model_dir), "--kv-cache-memory", "256MiB"],
             env=env, stdout=log, stderr=log,
         )

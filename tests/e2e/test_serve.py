@@ -14,7 +14,7 @@ import httpx
 import psutil
 import pytest
 
-from launcher.redis_server import free_port
+from conveyor.launcher.redis_server import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +38,7 @@ def test_serve_answers_then_stops_every_child(tmp_path, default_model_dir) -> No
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
     log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen(
-        [sys.executable, "-m", "launcher.cli", "serve", "--port", str(port), "--data-dir", str(tmp_path),
+        [sys.executable, "-m", "conveyor", "serve", "--port", str(port), "--data-dir", str(tmp_path),
          "--model", str(default_model_dir), "--kv-cache-memory", "256MiB"],
         env=env, stdout=log, stderr=log,
     )

@@ -26,7 +26,7 @@ def smollm2_tokenizer() -> PreTrainedTokenizerFast:
 def bf16_gemms(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """CONVEYOR_CPU_GEMM=bf16 for the Linears built in the test; skips where this CPU or torch build
     has no native bfloat16 GEMMs (the mode then stays fp32, which other tests cover)."""
-    from engine.model import linear
+    from conveyor.engine.model import linear
 
     monkeypatch.setenv(linear.ENV, "bf16")
     linear.onednn_available.cache_clear()

@@ -10,11 +10,11 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
-from engine.attention.cuda import graph_sizes
-from engine.batch import ScheduledChunk
-from engine.config import EngineConfig
-from engine.model_runner import ModelRunner
-from engine.sequence import Sequence
+from conveyor.engine.attention.cuda import graph_sizes
+from conveyor.engine.config import EngineConfig
+from conveyor.engine.model_runner import ModelRunner
+from conveyor.engine.sequence import Sequence
+from conveyor.engine.step_plan import ScheduledChunk
 from tests.engine.test_model_runner import SHAPE, Allocator, _drive
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 pytest.importorskip("triton")
-from engine.attention import triton_kernels  # noqa: E402
+from conveyor.engine.attention import triton_kernels  # noqa: E402
 
 
 def _cache(contexts: list[int], block_size: int, kv: int, hd: int, seed: int):

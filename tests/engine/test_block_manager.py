@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from engine.block_manager import BlockHash, BlockManager, hash_block
-from engine.sequence import Sequence
+from conveyor.engine.block_manager import BlockHash, BlockManager, hash_block
+from conveyor.engine.sequence import Sequence
 
 BS = 4
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.attention import AttentionGeometry, cpu_kernel
-from engine.attention.torch_paged import TorchAttention, keys_by_token
+from conveyor.engine.attention import AttentionGeometry, cpu_kernel
+from conveyor.engine.attention.torch_paged import TorchAttention, keys_by_token
 
 
 @pytest.fixture

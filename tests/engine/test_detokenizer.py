@@ -5,7 +5,7 @@ import random
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from engine.detokenizer import Detokenizer, token_text
+from conveyor.engine.detokenizer import Detokenizer, token_text
 
 MIXED = "Hello 世界! naïve café — 🤖👍🏽 ok. 日本語のテキスト, emoji 🎉🇫🇷 end"
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.config import EngineConfig
-from engine.engine import Engine
-from engine.events import TokenEvent
-from engine.params import SamplingParams, StoppingParams
+from conveyor.engine.config import EngineConfig
+from conveyor.engine.engine import Engine
+from conveyor.engine.events import TokenEvent
+from conveyor.engine.params import SamplingParams, StoppingParams
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +33,7 @@ SYSTEM = (
 
 @pytest.fixture(scope="module")
 def tokenizer(default_model_dir: Path):  # type: ignore[no-untyped-def]
-    from engine.loader import load_tokenizer
+    from conveyor.engine.loader import load_tokenizer
 
     return load_tokenizer(default_model_dir)
 

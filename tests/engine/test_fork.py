@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from engine.block_manager import BlockManager
-from engine.config import EngineConfig
-from engine.engine import Engine
-from engine.events import TokenEvent
-from engine.fork import choice_seed
-from engine.params import SamplingParams, StoppingParams
-from engine.sequence import Sequence
+from conveyor.engine.block_manager import BlockManager
+from conveyor.engine.config import EngineConfig
+from conveyor.engine.engine import Engine
+from conveyor.engine.events import TokenEvent
+from conveyor.engine.fork import choice_seed
+from conveyor.engine.params import SamplingParams, StoppingParams
+from conveyor.engine.sequence import Sequence
 
 PROMPT = list(range(100, 137))  # 37 tokens: two full blocks of 16 and a partial one
 STOP = StoppingParams(max_new_tokens=12, ignore_eos=True)

@@ -1,4 +1,4 @@
-"""The engine with engine/model/fused_ops.cpp (and F.rms_norm) against the same engine on the torch
+"""The engine with conveyor/engine/model/fused_ops.cpp (and F.rms_norm) against the same engine on the torch
 ops: the same tokens and the same logprobs, bit for bit, on the tiny model and the default one; and
 the default model's greedy 64 tokens still Hugging Face `generate`'s."""
 
@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.config import EngineConfig
-from engine.engine import Engine
-from engine.model import fused_ops
-from engine.params import StoppingParams
+from conveyor.engine.config import EngineConfig
+from conveyor.engine.engine import Engine
+from conveyor.engine.model import fused_ops
+from conveyor.engine.params import StoppingParams
 
 pytestmark = pytest.mark.slow
 

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import engine.sampler as sampler_module
-from engine.config import EngineConfig
-from engine.engine import Engine
-from engine.grammar import GrammarCompiler, GrammarMatcher
-from engine.loader import load_tokenizer
-from engine.params import Grammar, SamplingParams, StoppingParams
-from engine.sampler import Sampler
+import conveyor.engine.sampler as sampler_module
+from conveyor.engine.config import EngineConfig
+from conveyor.engine.engine import Engine
+from conveyor.engine.grammar import GrammarCompiler, GrammarMatcher
+from conveyor.engine.loader import load_tokenizer
+from conveyor.engine.params import Grammar, SamplingParams, StoppingParams
+from conveyor.engine.sampler import Sampler
 from tests.engine.test_sampler import logits_for, seq
 
 DIGITS = Grammar("regex", "[0-9]{1,6}")

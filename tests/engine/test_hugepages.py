@@ -1,4 +1,4 @@
-"""engine/hugepages.py: the CPU KV cache's memory is advised for huge pages before it is touched."""
+"""conveyor/engine/hugepages.py: the CPU KV cache's memory is advised for huge pages before it is touched."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import hugepages
-from engine.kv_cache import KVCache
+from conveyor.engine import hugepages
+from conveyor.engine.kv_cache import KVCache
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 

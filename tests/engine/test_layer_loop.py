@@ -1,4 +1,4 @@
-"""The forward's layer loop in C++ (engine/model/layer_loop.cpp) against the Python loop on the same
+"""The forward's layer loop in C++ (conveyor/engine/model/layer_loop.cpp) against the Python loop on the same
 kernels: the same tokens and logprobs bit for bit, over steps with decode rows only, prefill chunks
 only, both, one padded row, and a prefill long enough for the MLP's row slices."""
 
@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.config import EngineConfig
-from engine.engine import Engine
-from engine.model import fused_ops, layer_stack
-from engine.params import StoppingParams
-from engine.step_timing import StepTimer
+from conveyor.engine.config import EngineConfig
+from conveyor.engine.engine import Engine
+from conveyor.engine.model import fused_ops, layer_stack
+from conveyor.engine.params import StoppingParams
+from conveyor.engine.step_timing import StepTimer
 
 NEW_TOKENS = 24
 
@@ -28,7 +28,7 @@ def engine(tiny_model_dir: Path) -> Engine:
                           max_batch_prefill_tokens=700)
     engine = Engine.from_pretrained(tiny_model_dir, config)
     if engine.runner.model.layer_stack is None:
-        pytest.skip("the C++ layer loop is not used here (engine/model/layer_stack.py says when)")
+        pytest.skip("the C++ layer loop is not used here (conveyor/engine/model/layer_stack.py says when)")
     return engine
 
 

@@ -1,4 +1,4 @@
-"""engine.model.linear: oneDNN's private ops are used only when they agree with torch.mm."""
+"""conveyor.engine.model.linear: oneDNN's private ops are used only when they agree with torch.mm."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 
-from engine.model import linear
-from engine.model.linear import Linear, onednn_available, onednn_mismatch, onednn_usable
+from conveyor.engine.model import linear
+from conveyor.engine.model.linear import Linear, onednn_available, onednn_mismatch, onednn_usable
 
 Op = Callable[..., torch.Tensor]
 

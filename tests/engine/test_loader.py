@@ -1,4 +1,4 @@
-"""engine.loader: the packaged SmolLM2 GGUF converted once, local HF directories, errors."""
+"""conveyor.engine.loader: the packaged SmolLM2 GGUF converted once, local HF directories, errors."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.loader import (
+from conveyor.engine.loader import (
     SUPPORTED_MODEL_TYPES,
     ModelError,
     ModelSource,
@@ -133,7 +133,7 @@ def test_converted_model_answers_paris(converted: ModelSource) -> None:
 
 
 def test_changed_gguf_gets_a_new_cache_entry(tmp_path: Path) -> None:
-    from engine import loader
+    from conveyor.engine import loader
 
     gguf = tmp_path / "m.Q8_0.gguf"
     gguf.write_bytes(b"x" * 64)
@@ -212,7 +212,7 @@ def test_truncated_gguf_is_a_model_error(tmp_path: Path) -> None:
 
 
 def test_stale_temp_dir_from_an_interrupted_conversion_is_ignored(tmp_path: Path) -> None:
-    from engine import loader
+    from conveyor.engine import loader
 
     gguf = tmp_path / "broken.gguf"
     gguf.write_bytes(b"junk")

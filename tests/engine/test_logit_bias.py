@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import engine.sampler as sampler_module
-from engine.sampler import Sampler
+import conveyor.engine.sampler as sampler_module
+from conveyor.engine.sampler import Sampler
 from tests.engine.test_sampler import logits_for, seq
 
 

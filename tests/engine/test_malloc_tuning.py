@@ -1,4 +1,4 @@
-"""engine/malloc_tuning.py: a freed multi-MB tensor stays mapped once the thresholds are raised
+"""conveyor/engine/malloc_tuning.py: a freed multi-MB tensor stays mapped once the thresholds are raised
 (so the next step's temporary of that size takes no page faults), and goes back to the kernel
 without. Each case in a fresh process: the setting is process-wide."""
 
@@ -14,7 +14,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 CODE = """
 import threading, psutil, torch
-from engine import malloc_tuning
+from conveyor.engine import malloc_tuning
 raised = malloc_tuning.retain_freed_memory()
 proc = psutil.Process()
 def work(out):  # on a thread, as the engine steps: its own malloc arena

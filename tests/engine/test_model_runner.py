@@ -15,12 +15,12 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from engine import kv_cache
-from engine.batch import ScheduledChunk
-from engine.config import EngineConfig
-from engine.model import row_padding
-from engine.model_runner import ModelRunner, resolve_kv_dtype
-from engine.sequence import Sequence
+from conveyor.engine import kv_cache
+from conveyor.engine.config import EngineConfig
+from conveyor.engine.model import row_padding
+from conveyor.engine.model_runner import ModelRunner, resolve_kv_dtype
+from conveyor.engine.sequence import Sequence
+from conveyor.engine.step_plan import ScheduledChunk
 
 VOCAB = 256
 SHAPE = dict(

@@ -1,4 +1,4 @@
-"""engine/native_build.py: a build lock left by a process killed while it compiled does not hang the
+"""conveyor/engine/native_build.py: a build lock left by a process killed while it compiled does not hang the
 next start (torch's own lock file would be waited on forever)."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import subprocess
 import sys
 import textwrap
 
-from engine import native_build
-from engine.attention import cpu_kernel
-from engine.greedy_kernel import _SOURCE as GREEDY
+from conveyor.engine import native_build
+from conveyor.engine.attention import cpu_kernel
+from conveyor.engine.greedy_kernel import _SOURCE as GREEDY
 
 
 def test_a_stale_torch_lock_is_removed_and_the_module_loads(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -20,7 +20,7 @@ def test_a_stale_torch_lock_is_removed_and_the_module_loads(tmp_path) -> None:  
     # in a fresh process, as a restarted worker: torch alone would wait for the file forever
     code = textwrap.dedent(f"""
         from pathlib import Path
-        from engine import native_build
+        from conveyor.engine import native_build
         source, build = Path({str(GREEDY)!r}), Path({str(build)!r})
         module = native_build.load("conveyor_greedy", [source], build, {flags!r})
         print(callable(module.greedy))

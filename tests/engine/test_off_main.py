@@ -1,4 +1,4 @@
-"""engine/off_main.py: the factory runs on a thread that is gone when the result comes back."""
+"""conveyor/engine/off_main.py: the factory runs on a thread that is gone when the result comes back."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from engine.off_main import build_off_main
+from conveyor.engine.off_main import build_off_main
 
 
 def test_builds_on_a_thread_that_has_exited() -> None:

@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.attention import AttentionBatch, AttentionGeometry, cpu_kernel
-from engine.attention.torch_paged import TorchAttention, keys_by_token
+from conveyor.engine.attention import AttentionBatch, AttentionGeometry, cpu_kernel
+from conveyor.engine.attention.torch_paged import TorchAttention, keys_by_token
 from tests.engine.test_cpu_kernel import (
     assert_same_as_widened,
     kernel,  # noqa: F401 - the fixture: skip (or fail in CI) without a build

@@ -9,10 +9,10 @@ import random
 import subprocess
 import sys
 
-from engine.block_manager import BlockManager
-from engine.params import SamplingParams, StoppingParams
-from engine.sequence import Sequence
-from schemas.affinity import (
+from conveyor.engine.block_manager import BlockManager
+from conveyor.engine.params import SamplingParams, StoppingParams
+from conveyor.engine.sequence import Sequence
+from conveyor.jobqueue.placement import (
     PrefixSummary,
     WorkerPrefixes,
     best_worker,
@@ -20,14 +20,14 @@ from schemas.affinity import (
     encode_summary,
     held_blocks,
 )
-from schemas.prefix_hash import block_hash, prefix_hashes
+from conveyor.jobqueue.prefix_hash import block_hash, prefix_hashes
 
 BS = 4
 
 
 def test_the_hash_is_the_same_in_another_process_with_another_hash_seed() -> None:
     tokens = list(range(100, 164))
-    code = ("from schemas.prefix_hash import prefix_hashes; "
+    code = ("from conveyor.jobqueue.prefix_hash import prefix_hashes; "
             f"print(prefix_hashes({tokens}, 16))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONHASHSEED": "12345"}).stdout

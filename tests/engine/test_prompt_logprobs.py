@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.config import EngineConfig
-from engine.engine import Engine
-from engine.events import TokenEvent
-from engine.params import SamplingParams, StoppingParams
-from engine.sequence import FinishReason
+from conveyor.engine.config import EngineConfig
+from conveyor.engine.engine import Engine
+from conveyor.engine.events import TokenEvent
+from conveyor.engine.params import SamplingParams, StoppingParams
+from conveyor.engine.sequence import FinishReason
 
 TOL = 1e-4
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.config import EngineConfig
-from engine.engine import Engine
-from engine.params import SamplingParams, StoppingParams
+from conveyor.engine.config import EngineConfig
+from conveyor.engine.engine import Engine
+from conveyor.engine.params import SamplingParams, StoppingParams
 from tests.engine.test_engine_vs_hf import PROMPTS, SYSTEM
 
 pytestmark = pytest.mark.slow
@@ -25,7 +25,7 @@ TEXTS = [*PROMPTS, *(SYSTEM + p for p in PROMPTS), "The", "1 2 3 4 5 6 7 8 9", "
 def test_prompt_logprobs_of_20_prompts_equal_hf(default_model_dir: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    from engine.loader import load_tokenizer
+    from conveyor.engine.loader import load_tokenizer
 
     assert len(TEXTS) == 20
     tokenizer = load_tokenizer(default_model_dir)

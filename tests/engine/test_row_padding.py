@@ -1,13 +1,14 @@
-"""engine.model.row_padding: a step's GEMMs are padded to the fastest row count from the exact one."""
+"""conveyor.engine.model.row_padding: a step's GEMMs are padded to the fastest row count from the exact
+one."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from engine.model import row_padding
-from engine.model.linear import Linear, exact_min_rows
-from engine.model.row_padding import fastest, padded_rows
+from conveyor.engine.model import row_padding
+from conveyor.engine.model.linear import Linear, exact_min_rows
+from conveyor.engine.model.row_padding import fastest, padded_rows
 
 
 class _FakeTimedRun:

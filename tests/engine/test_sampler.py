@@ -12,10 +12,10 @@ from transformers.generation.logits_process import (
     TypicalLogitsWarper,
 )
 
-import engine.sampler as sampler_module
-from engine.params import SamplingParams
-from engine.sampler import Sampler
-from engine.sequence import Sequence
+import conveyor.engine.sampler as sampler_module
+from conveyor.engine.params import SamplingParams
+from conveyor.engine.sampler import Sampler
+from conveyor.engine.sequence import Sequence
 
 
 def seq(prompt: list[int], generated: tuple[int, ...] | list[int] = (), **sampling: object) -> Sequence:

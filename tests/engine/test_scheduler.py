@@ -12,12 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.batch import SchedulerOutput
-from engine.block_manager import BlockManager
-from engine.config import EngineConfig
-from engine.params import StoppingParams
-from engine.scheduler import Scheduler
-from engine.sequence import FinishReason, Sequence, SequenceStatus
+from conveyor.engine.block_manager import BlockManager
+from conveyor.engine.config import EngineConfig
+from conveyor.engine.params import StoppingParams
+from conveyor.engine.scheduler import Scheduler
+from conveyor.engine.sequence import FinishReason, Sequence, SequenceStatus
+from conveyor.engine.step_plan import SchedulerOutput
 
 BS = 4
 

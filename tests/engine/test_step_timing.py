@@ -1,4 +1,4 @@
-"""engine/step_timing.py: the pieces of each step add up to the step, steps are recorded with their
+"""conveyor/engine/step_timing.py: the pieces of each step add up to the step, steps are recorded with their
 batch, and leaving the timer puts the engine's own code back (no cost when not profiling)."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from engine.attention import cpu_kernel
-from engine.config import EngineConfig
-from engine.engine import Engine
-from engine.model.linear import Linear
-from engine.params import StoppingParams
-from engine.step_timing import StepTimer
+from conveyor.engine.attention import cpu_kernel
+from conveyor.engine.config import EngineConfig
+from conveyor.engine.engine import Engine
+from conveyor.engine.model.linear import Linear
+from conveyor.engine.params import StoppingParams
+from conveyor.engine.step_timing import StepTimer
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from schemas.job import RecordField
+from conveyor.wire.job import RecordField
 from tests.api.conftest import auth
 
 TENANT = "alice"

@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 from redis import Redis
 
-from launcher.redis_server import EmbeddedRedis
-from schemas.job import JobEvent, RecordField
-from schemas.keys import Keys
-from schemas.worker import WorkerInfo
+from conveyor.jobqueue.keys import Keys
+from conveyor.launcher.redis_server import EmbeddedRedis
+from conveyor.wire.heartbeat import WorkerInfo
+from conveyor.wire.job import JobEvent, RecordField
 from tests.api.conftest import KEYS, TERMINAL, until, wait_ready
 from tests.conftest import RunningService, start_service, stop_service
 from tests.worker.conftest import Fleet, new_fleet

@@ -14,11 +14,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import httpx
 import pytest
 
-from schemas.job import RecordField
+from conveyor.wire.job import RecordField
+from conveyor.worker.faults import CRASH_EXIT_CODE, CRASH_ON_TOKEN_ENV
 from tests.api.conftest import until
 from tests.faults.clients import Followed, events_url, follow, headers, result_text, submit, text_of
 from tests.faults.conftest import Cluster
-from worker.faults import CRASH_EXIT_CODE, CRASH_ON_TOKEN_ENV
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from schemas.job import RecordField
+from conveyor.wire.job import RecordField
 from tests.api.conftest import until
 from tests.faults.clients import Followed, events_url, follow, headers, result_text, submit, text_of
 from tests.faults.conftest import Cluster

@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from schemas.job import RecordField
+from conveyor.webhooks.rq_keys import persistent_rq_keys
+from conveyor.wire.job import RecordField
 from tests.api.conftest import TERMINAL, until
 from tests.faults.clients import afollow, events_url, headers
 from tests.faults.conftest import Cluster
 from tests.receiver import Receiver
-from webhooks.rq_keys import persistent_rq_keys
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 

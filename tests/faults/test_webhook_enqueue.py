@@ -9,12 +9,12 @@ import time
 
 import pytest
 
-import webhooks.enqueue as enqueue
-from launcher.redis_server import free_port
-from schemas.job import JobSpec, SamplingSpec, StoppingSpec, Webhook, webhook_id
-from schemas.keys import Keys
-from schemas.settings import Settings
-from webhooks.enqueue import WebhookQueue
+import conveyor.webhooks.enqueue as enqueue
+from conveyor.jobqueue.keys import Keys
+from conveyor.launcher.redis_server import free_port
+from conveyor.settings import Settings
+from conveyor.webhooks.enqueue import WebhookQueue
+from conveyor.wire.job import JobSpec, SamplingSpec, StoppingSpec, Webhook, webhook_id
 
 pytestmark = pytest.mark.faults
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.cli import build_parser
-from schemas.settings import Settings
+from conveyor.launcher.cli import build_parser
+from conveyor.settings import Settings
 
 
 @pytest.mark.parametrize("command", ["serve", "api", "worker", "webhooks", "model"])
@@ -40,8 +40,8 @@ def test_bench_help_explains_itself(capsys: pytest.CaptureFixture) -> None:
 
 
 def test_attention_flags_reach_the_engine_config() -> None:
-    from launcher.cli import settings_from
-    from launcher.roles import engine_config
+    from conveyor.launcher.cli import settings_from
+    from conveyor.launcher.roles import engine_config
 
     args = build_parser().parse_args(["worker", "--attention", "triton", "--cuda-graphs", "1,2,8"])
     config = engine_config(settings_from(args))
@@ -54,8 +54,8 @@ def test_attention_flags_reach_the_engine_config() -> None:
 
 
 def test_admission_order_reaches_the_engine_config() -> None:
-    from launcher.cli import settings_from
-    from launcher.roles import engine_config
+    from conveyor.launcher.cli import settings_from
+    from conveyor.launcher.roles import engine_config
 
     args = build_parser().parse_args(["worker", "--admission-order", "arrival"])
     assert engine_config(settings_from(args)).admission_order == "arrival"
@@ -65,13 +65,13 @@ def test_admission_order_reaches_the_engine_config() -> None:
 
 
 def test_kv_cache_dtype_reaches_the_engine_config(monkeypatch: pytest.MonkeyPatch) -> None:
-    from launcher.cli import settings_from
-    from launcher.roles import engine_config
+    from conveyor.launcher.cli import settings_from
+    from conveyor.launcher.roles import engine_config
 
     args = build_parser().parse_args(["worker", "--kv-cache-dtype", "bfloat16"])
     assert engine_config(settings_from(args)).kv_cache_dtype == "bfloat16"
     assert engine_config(Settings()).kv_cache_dtype == "auto"
-    monkeypatch.setenv("CONVEYOR_KV_CACHE_DTYPE", "bfloat16")  # what bench/peers.py --dtype bf16 sets
+    monkeypatch.setenv("CONVEYOR_KV_CACHE_DTYPE", "bfloat16")  # what benchmarks/peers.py --dtype bf16 sets
     assert engine_config(Settings()).kv_cache_dtype == "bfloat16"
     with pytest.raises(SystemExit, match="invalid settings: --kv-cache-dtype"):
         settings_from(build_parser().parse_args(["worker", "--kv-cache-dtype", "fp8"]))

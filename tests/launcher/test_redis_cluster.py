@@ -9,12 +9,12 @@ import pytest
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
-from launcher.redis_cluster import LocalCluster
-from launcher.redis_server import EmbeddedRedis
-from redisconn.client import is_cluster, make_client, rq_url, split_url
-from redisconn.live import live_script
-from schemas.settings import Settings
-from worker.scripts import APPEND
+from conveyor.jobqueue.client import is_cluster, make_client, rq_url, split_url
+from conveyor.jobqueue.live import live_script
+from conveyor.jobqueue.scripts import APPEND
+from conveyor.launcher.redis_cluster import LocalCluster
+from conveyor.launcher.redis_server import EmbeddedRedis
+from conveyor.settings import Settings
 
 
 def test_a_url_may_list_several_startup_nodes() -> None:

@@ -13,14 +13,14 @@ from collections.abc import Iterator
 import pytest
 from redis import Redis
 
-from api.jobs import JobStore
-from launcher.redis_server import EmbeddedRedis
-from schemas.job import RecordField, Webhook, WebhookDelivery
-from schemas.keys import Keys
-from schemas.settings import Settings
+from conveyor.api.jobpath.store import JobStore
+from conveyor.jobqueue.keys import Keys
+from conveyor.launcher.redis_server import EmbeddedRedis
+from conveyor.settings import Settings
+from conveyor.webhooks.delivery import Deliverer, retry_after
+from conveyor.wire.job import RecordField, Webhook, WebhookDelivery
 from tests.receiver import Receiver
 from tests.worker.conftest import new_spec
-from webhooks.delivery import Deliverer, retry_after
 
 SECRET = "whsec_" + base64.b64encode(b"s" * 32).decode()
 CONNECTS: list[object] = []

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from standardwebhooks import Webhook as Verifier
 
-from launcher.redis_server import EmbeddedRedis
+from conveyor.launcher.redis_server import EmbeddedRedis
 from tests.conftest import RunningService, start_service, stop_service
 from tests.receiver import Receiver
 

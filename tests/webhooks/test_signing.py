@@ -11,8 +11,8 @@ import pytest
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
-from schemas.settings import Settings
-from webhooks.signing import Secrets, sign
+from conveyor.settings import Settings
+from conveyor.webhooks.signing import Secrets, sign
 
 SECRET = "whsec_" + base64.b64encode(b"k" * 32).decode()
 OTHER = "whsec_" + base64.b64encode(b"o" * 32).decode()

@@ -7,7 +7,7 @@ import ipaddress
 
 import pytest
 
-from webhooks.ssrf import Allow, Refusal, Target, check, judge, resolve, why_not_public
+from conveyor.webhooks.ssrf import Allow, Refusal, Target, check, judge, resolve, why_not_public
 
 
 @pytest.mark.parametrize(("address", "why"), [

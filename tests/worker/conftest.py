@@ -1,7 +1,7 @@
-"""Fixtures for the worker's integration tests: workers as real processes (`python -m launcher.cli
+"""Fixtures for the worker's integration tests: workers as real processes (`python -m conveyor.launcher.cli
 worker`) or in this process, on the tiny random Llama (`tiny_model_dir`, tests/conftest.py: fast on
 CPU, the real code path), the real valkey-server, and jobs submitted exactly as the api writes them
-(api.jobs.JobStore)."""
+(conveyor.api.jobpath.store.JobStore)."""
 
 from __future__ import annotations
 
@@ -22,12 +22,12 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from api.jobs import JobStore
-from launcher.redis_server import EmbeddedRedis
-from schemas.job import JobEvent, JobResult, JobSpec, JobStatus, RecordField, SamplingSpec, StoppingSpec
-from schemas.keys import WORKER_GROUP, Keys
-from schemas.settings import Settings
-from schemas.worker import WorkerInfo
+from conveyor.api.jobpath.store import JobStore
+from conveyor.jobqueue.keys import WORKER_GROUP, Keys
+from conveyor.launcher.redis_server import EmbeddedRedis
+from conveyor.settings import Settings
+from conveyor.wire.heartbeat import WorkerInfo
+from conveyor.wire.job import JobEvent, JobResult, JobSpec, JobStatus, RecordField, SamplingSpec, StoppingSpec
 
 REPO = Path(__file__).resolve().parents[2]
 # Test timing: a worker that misses its heartbeats for 2 s loses its jobs to the others.
@@ -144,7 +144,7 @@ class Fleet(Jobs):
         for worker_id in worker_ids:
             log = open(self.log_dir / f"{worker_id}.log", "ab")  # noqa: SIM115 - closed with the process
             self.procs[worker_id] = subprocess.Popen(
-                [sys.executable, "-m", "launcher.cli", "worker", "--worker-id", worker_id],
+                [sys.executable, "-m", "conveyor", "worker", "--worker-id", worker_id],
                 env={**self.env, **env}, cwd=REPO, stdout=log, stderr=log,
             )
 
@@ -216,16 +216,16 @@ class Local(Jobs):
     redis_url: str = ""
 
     def engine(self, **config: Any) -> Any:
-        from engine.config import EngineConfig
-        from engine.engine import Engine
+        from conveyor.engine.config import EngineConfig
+        from conveyor.engine.engine import Engine
 
         return Engine.from_pretrained(self.model_dir, EngineConfig(**{"kv_cache_memory": 8 << 20, **config}))
 
     @asynccontextmanager
     async def worker(self, worker_id: str = "local", engine: Any = None,
                      **settings: Any) -> AsyncIterator[Any]:
-        from worker.outage import connect
-        from worker.runner import Worker
+        from conveyor.worker.outage import connect
+        from conveyor.worker.runner import Worker
 
         client = connect(self.settings)  # as `conveyor worker` makes it
         worker = Worker(self.settings.model_copy(update=settings), engine or self.engine(), client, worker_id)

@@ -12,12 +12,12 @@ import time
 
 import pytest
 
-from api.jobs import JobStore
-from schemas.affinity import decode_summary
-from schemas.job import JobStatus, RecordField
-from schemas.prefix_hash import prefix_hashes
-from schemas.worker import WorkerInfo
-from worker.queue_reader import READ_BLOCK_MS
+from conveyor.api.jobpath.store import JobStore
+from conveyor.jobqueue.placement import decode_summary
+from conveyor.jobqueue.prefix_hash import prefix_hashes
+from conveyor.wire.heartbeat import WorkerInfo
+from conveyor.wire.job import JobStatus, RecordField
+from conveyor.worker.queue_reader import READ_BLOCK_MS
 
 pytestmark = pytest.mark.slow
 

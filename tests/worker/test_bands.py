@@ -1,20 +1,20 @@
 """The queue's layout, pure: priority → band, the order a worker reads bands and shards in, the
-stream of a job (schemas/bands.py, schemas/keys.py)."""
+stream of a job (conveyor/jobqueue/bands.py, conveyor/jobqueue/keys.py)."""
 
 from __future__ import annotations
 
 import uuid
 from collections import Counter
 
-from schemas.bands import BANDS, Band, band_of, read_order, shard_order
-from schemas.keys import Keys
+from conveyor.jobqueue.bands import BANDS, Band, band_of, read_order, shard_order
+from conveyor.jobqueue.keys import Keys
 
 
 def test_priorities_map_onto_bands_cut_at_the_default_and_the_bottom() -> None:
     assert [band_of(p) for p in (100, 50, 1)] == [Band.HIGH] * 3
     assert band_of(0) is Band.NORMAL
     assert [band_of(p) for p in (-1, -50, -99)] == [Band.LOW] * 3
-    assert band_of(-100) is Band.BATCH  # the batch runner's level (api/batch_lines.py)
+    assert band_of(-100) is Band.BATCH  # the batch runner's level (conveyor/api/batch/lines.py)
     assert {band_of(p, bands=False) for p in range(-100, 101)} == {Band.NORMAL}  # bands off: one stream
     # Higher priority never lands in a lower band: the engine's order holds across the fleet.
     ranks = [BANDS.index(band_of(p)) for p in range(100, -101, -1)]

@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from api.jobs import JobStore
-from schemas.job import JobStatus, RecordField
+from conveyor.api.jobpath.store import JobStore
+from conveyor.wire.job import JobStatus, RecordField
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""A multi-choice job taken over from a dead worker (worker/choices.py): each choice resumes from
+"""A multi-choice job taken over from a dead worker (conveyor/worker/choices.py): each choice resumes from
 its own tokens in the one event stream, a choice that had ended is not run again, every
 (choice, token) is written exactly once, and the result is what an uninterrupted run gives."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from schemas.job import JobEvent, JobStatus, SamplingSpec
+from conveyor.wire.job import JobEvent, JobStatus, SamplingSpec
 from tests.worker.test_intake import PROMPT, dead_worker_takes
 
 N, WIDTH = 12, 3

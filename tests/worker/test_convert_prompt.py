@@ -7,9 +7,9 @@ from __future__ import annotations
 import pydantic
 import pytest
 
-from engine.events import PromptToken, TokenEvent, TopToken
-from schemas.job import JobEvent, JobSpec, SamplingSpec, StoppingSpec
-from worker.convert import engine_request, to_job_event
+from conveyor.engine.events import PromptToken, TokenEvent, TopToken
+from conveyor.wire.job import JobEvent, JobSpec, SamplingSpec, StoppingSpec
+from conveyor.worker.translate import engine_request, to_job_event
 
 
 def spec(max_new: int = 3, prompt_logprobs: int | None = 1) -> JobSpec:

@@ -8,11 +8,11 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from engine.config import EngineConfig
-from engine.engine import Engine
-from engine.params import SamplingParams, StoppingParams
-from engine.sequence import FinishReason
-from worker.engine_thread import AddCommand, EngineThread, StepOutput
+from conveyor.engine.config import EngineConfig
+from conveyor.engine.engine import Engine
+from conveyor.engine.params import SamplingParams, StoppingParams
+from conveyor.engine.sequence import FinishReason
+from conveyor.worker.engine_thread import AddCommand, EngineThread, StepOutput
 
 
 def command(request_id: str, max_new_tokens: int) -> AddCommand:

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from api.jobs import JobStore
-from schemas.job import JobStatus, RecordField
-from schemas.keys import WORKER_GROUP
-from worker.faults import CRASH_EXIT_CODE, CRASH_ON_TOKEN_ENV
+from conveyor.api.jobpath.store import JobStore
+from conveyor.jobqueue.keys import WORKER_GROUP
+from conveyor.wire.job import JobStatus, RecordField
+from conveyor.worker.faults import CRASH_EXIT_CODE, CRASH_ON_TOKEN_ENV
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from schemas.job import JobStatus, RecordField
+from conveyor.wire.job import JobStatus, RecordField
 
 pytestmark = pytest.mark.slow
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 import asyncio
 import time
 
-from schemas.job import JobEvent, JobStatus, RecordField
-from schemas.keys import WORKER_GROUP, event_entry_id
-from worker.owned import InFlight
-from worker.publisher import Publisher
-from worker.scripts import Scripts
+from conveyor.jobqueue.keys import WORKER_GROUP, event_entry_id
+from conveyor.jobqueue.scripts import Scripts
+from conveyor.wire.job import JobEvent, JobStatus, RecordField
+from conveyor.worker.owned import InFlight
+from conveyor.worker.publisher import Publisher
 
 PROMPT = [101, 2024, 318, 257, 1332, 13]
 

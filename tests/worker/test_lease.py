@@ -10,15 +10,15 @@ import uuid
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from schemas.bands import Band
-from schemas.keys import WORKER_GROUP, Keys
-from schemas.queue import ensure_group
-from schemas.settings import Settings
-from worker.lease import Lease
-from worker.lease_loop import LeaseLoop
-from worker.outage import FIRST_DELAY_S, Backoff, outage_cap, until_up
-from worker.owned import InFlight, Owned
-from worker.scripts import Scripts
+from conveyor.jobqueue.bands import Band
+from conveyor.jobqueue.keys import WORKER_GROUP, Keys
+from conveyor.jobqueue.queue import ensure_group
+from conveyor.jobqueue.scripts import Scripts
+from conveyor.settings import Settings
+from conveyor.worker.lease import Lease
+from conveyor.worker.lease_loop import LeaseLoop
+from conveyor.worker.outage import FIRST_DELAY_S, Backoff, outage_cap, until_up
+from conveyor.worker.owned import InFlight, Owned
 
 LEASE_MS = 500
 
@@ -109,7 +109,7 @@ async def test_a_renewal_racing_a_final_ack_does_not_drop_the_ended_job(redis) -
             for name, entry_id in zip(("ended", "running"), ids, strict=True)]
     for job in jobs:
         owned.add(job)
-    jobs[0].ended = True  # its final event is written (worker/publisher.py sets it before the ack)
+    jobs[0].ended = True  # its final event is written (conveyor/worker/publisher.py sets it before the ack)
     await redis.xack(stream, WORKER_GROUP, *ids)
     lost: list[InFlight] = []
     lease = Lease(redis, keys, Scripts(redis), "w0", LEASE_MS)
@@ -123,7 +123,7 @@ async def test_a_heartbeat_cancelled_as_the_prefix_summary_arrives_ends(local) -
     """A worker's stop cancels its heartbeat loop; if the engine thread's prefix summary arrives
     in the same turn of the event loop, the cancel must still end the beat (Python 3.11's
     asyncio.wait_for returned the summary instead, and the worker never stopped: a CI hang)."""
-    from worker.affinity import WorkerAffinity
+    from conveyor.worker.placement import WorkerAffinity
 
     summary: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
     asked = asyncio.Event()

@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 
-from schemas.bands import Band
-from schemas.job import JobStatus, RecordField
+from conveyor.jobqueue.bands import Band
+from conveyor.wire.job import JobStatus, RecordField
 
 pytestmark = pytest.mark.slow
 

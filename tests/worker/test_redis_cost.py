@@ -1,4 +1,4 @@
-"""The workload of bench/redis_cost.py, small: three real worker processes on one Redis share the
+"""The workload of benchmarks/redis_cost.py, small: three real worker processes on one Redis share the
 jobs (a worker holds at most max_batch_size of them, so a burst spreads), none is lost, each job's
 event indices are exactly 0..n-1, and Redis saw exactly one PUBLISH and at least one event XADD per
 generated token (the counters the bench reports are the server's own and add up)."""
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.redis_fleet import run_workload
-from launcher.redis_server import EmbeddedRedis
+from benchmarks.redis_fleet import run_workload
+from conveyor.launcher.redis_server import EmbeddedRedis
 
 pytestmark = pytest.mark.slow
 

@@ -17,8 +17,8 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ConstantBackoff
 
-from launcher.redis_server import EmbeddedRedis
-from schemas.job import JobStatus, RecordField
+from conveyor.launcher.redis_server import EmbeddedRedis
+from conveyor.wire.job import JobStatus, RecordField
 from tests.worker.conftest import Fleet, new_fleet
 
 pytestmark = pytest.mark.slow

@@ -10,8 +10,8 @@ import hashlib
 
 from redis.asyncio import Redis
 
-from redisconn.live import live_script
-from worker.scripts import _SOURCES
+from conveyor.jobqueue.live import live_script
+from conveyor.jobqueue.scripts import _SOURCES
 
 PROMPT = [101, 2024, 318, 257]
 N = 12

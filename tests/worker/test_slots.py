@@ -20,9 +20,9 @@ from redis.asyncio.client import Pipeline, Redis
 from redis.cluster import key_slot
 from redis.exceptions import ResponseError
 
-from api.jobs import JobStore
-from schemas.affinity import best_worker
-from schemas.job import JobStatus
+from conveyor.api.jobpath.store import JobStore
+from conveyor.jobqueue.placement import best_worker
+from conveyor.wire.job import JobStatus
 from tests.conftest import CLUSTER
 
 # It records redis-py's single-node client; on the cluster the servers themselves refuse a cross-slot

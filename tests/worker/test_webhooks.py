@@ -20,11 +20,11 @@ import pytest
 from standardwebhooks import Webhook as Verifier
 from standardwebhooks.webhooks import WebhookVerificationError
 
-from launcher.redis_server import free_port
-from schemas.job import JobStatus, RecordField, Webhook, WebhookDelivery
+from conveyor.launcher.redis_server import free_port
+from conveyor.webhooks.signing import sign
+from conveyor.wire.job import JobStatus, RecordField, Webhook, WebhookDelivery
 from tests.receiver import Receiver
 from tests.worker.conftest import REPO, new_spec
-from webhooks.signing import sign
 
 SECRET = "whsec_" + base64.b64encode(b"alice-secret-0123456789abcdef").decode()
 PROMPT = [101, 2024, 318, 257]
@@ -68,7 +68,7 @@ async def hooks(local, redis_server, tmp_path: Path) -> AsyncIterator[Hooks]:  #
     procs = []
     for i, port in enumerate(ports):
         log = open(tmp_path / f"hooks{i}.log", "wb")  # noqa: SIM115 - closed with the process
-        procs.append(subprocess.Popen([sys.executable, "-m", "launcher.cli", "webhooks"], cwd=REPO,
+        procs.append(subprocess.Popen([sys.executable, "-m", "conveyor", "webhooks"], cwd=REPO,
                                       env={**env, "CONVEYOR_WEBHOOK_METRICS_PORT": str(port)},
                                       stdout=log, stderr=log))
     running = Hooks(receiver, procs, ports, tmp_path)

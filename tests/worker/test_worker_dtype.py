@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from worker.runner import _dtype
+from conveyor.worker.runner import _dtype
 
 
 @dataclass

@@ -1,0 +1,102 @@
+"""benchmarks/gpu_check.py's one-screen table (gpu_check.md) from its results (gpu_check.json)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+DECODE_TARGET, PREFILL_TARGET = 0.70, 0.50  # issue #18: at batch 32 and 128; of the bf16 peak
+_PARTS = (
+    ("ceilings", "ceilings"),
+    ("model_8b", "(b, c) 8B model"),
+    ("decode", "(b) decode"),
+    ("prefill", "(c) prefill"),
+    ("cuda_tests", "test_attention_cuda.py"),
+)
+
+
+def _pct(x: float) -> str:
+    return f"{x:.0%}"
+
+
+def _same(check: dict[str, Any]) -> str:
+    if "skipped" in check:
+        return f"skipped: {check['skipped']}"
+    diff = f" (max abs logit diff {check['max_abs_logit_diff']:.3g})"
+    return ("equal" if check["equal"] else f"DIFFER for prompts {check['prompts_differing']}") + diff
+
+
+def _vs_hf(h: dict[str, Any]) -> str:
+    fp32 = h.get("max_abs_logit_diff_vs_fp32")
+    vs32 = "" if fp32 is None else f", vs fp32 {fp32:.3g}"
+    return (
+        f"{h['prompts_token_identical']}/{h['prompts']} prompts token-identical "
+        f"({h['tokens_equal']}/{h['tokens_total']} tokens), max abs logit diff "
+        f"{h['max_abs_logit_diff']:.3g}{vs32} (tol {h['logit_tolerance']:.3g}): "
+        + ("pass" if h["passed"] else "FAIL")
+    )
+
+
+def correctness_rows(c: dict[str, Any]) -> list[str]:
+    if "error" in c:
+        return [f"| (a) correctness | error: {c['error'][:160]} | pass |"]
+    rows = []
+    for name, b in c.get("backends", {}).items():
+        label = f"(a) {name} vs HF, {c['dtype'].removeprefix('torch.')} on {c['device']}"
+        if "error" in b:
+            rows.append(f"| {label} | error: {b['error'][:160]} | pass |")
+            continue
+        rows.append(f"| {label} | {_vs_hf(b['vs_hf'])} | tokens equal, or logits within tol |")
+        rows.append(f"| (a) {name}: alone vs together | {_same(b['alone_vs_together'])} | equal |")
+        rows.append(f"| (a) {name}: CUDA graphs on vs off | {_same(b['graphs_on_vs_off'])} | equal |")
+    return rows
+
+
+def decode_row(row: dict[str, Any]) -> str:
+    target = f"≥ {_pct(DECODE_TARGET)} (graphs)" if row["batch"] in (32, 128) else ""
+    g, e = row["graphs"], row["eager"]
+    return (
+        f"| (b) decode batch {row['batch']}, context {row['context']} | graphs "
+        f"{g['tokens_per_s']:,.0f} tok/s = {_pct(g['roofline_share'])} of roofline "
+        f"({row['roofline_tokens_per_s']:,.0f}); eager {e['tokens_per_s']:,.0f} tok/s = "
+        f"{_pct(e['roofline_share'])} | {target} |"
+    )
+
+
+def table(r: dict[str, Any]) -> str:
+    v = r.get("versions", {})
+    lines = [
+        f"GPU check: {v.get('device')}; torch {v.get('torch')} (CUDA {v.get('torch_cuda')}), "
+        f"triton {v.get('triton')}, transformers {v.get('transformers')}",
+        "",
+        "| check | result | target |",
+        "|---|---|---|",
+        *correctness_rows(r.get("correctness", {})),
+    ]
+    ceil = r.get("ceilings", {})
+    if "bandwidth_bytes_per_s" in ceil:
+        lines.append(
+            f"| ceilings | copy {ceil['bandwidth_bytes_per_s'] / 1e12:.2f} TB/s (read + write), "
+            f"bf16 matmul {ceil['bf16_matmul_flops_per_s'] / 1e12:.0f} TFLOP/s | measured |"
+        )
+    if isinstance(r.get("decode"), list):
+        lines += [decode_row(row) for row in r["decode"]]
+    p = r.get("prefill", {})
+    if "tokens_per_s" in p:
+        lines.append(
+            f"| (c) prefill {p['prompts']} x {p['prompt_len']} | {p['tokens_per_s']:,.0f} tok/s, "
+            f"{p['flops_per_s'] / 1e12:.0f} TFLOP/s = {_pct(p['peak_share'])} of the bf16 peak "
+            f"| ≥ {_pct(PREFILL_TARGET)} |"
+        )
+    for key, label in _PARTS:
+        part = r.get(key)
+        if isinstance(part, dict) and "skipped" in part:
+            lines.append(f"| {label} | skipped: {part['skipped']} | |")
+        elif isinstance(part, dict) and "error" in part:
+            lines.append(f"| {label} | error: {part['error'][:160]} | |")
+    t = r.get("cuda_tests", {})
+    if "passed" in t:
+        lines.append(f"| test_attention_cuda.py | {'pass' if t['passed'] else 'FAIL'} | pass |")
+    if r.get("smoke_speed"):
+        lines.append("\n(b) and (c) ran as a smoke run on CPU (a tiny model): their figures mean nothing.")
+    lines.append(f"\nwall time {r.get('wall_s', 0):.0f} s")
+    return "\n".join(lines) + "\n"

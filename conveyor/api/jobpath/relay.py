@@ -1,0 +1,209 @@
+"""Relays a job's events to the SSE clients of this api process (docs/design.md §1 step 6).
+
+One pub/sub connection per process (conveyor/jobqueue/subscriptions.py), demultiplexed in-process. A client
+subscribes
+first, then reads the durable event stream after its last index, then takes live events,
+deduplicating by index: pub/sub alone is at-most-once; the event stream makes the relay lossless
+and resumable. A client goes back to the durable stream after the last index it delivered whenever
+live events may have been missed: its bounded buffer overflowed (a slow client never blocks the
+others), an index was skipped, or the connection was lost and subscribed again (Redis restarted).
+Where the rest cannot be delivered without a gap, the stream raises StreamInterrupted, which the
+routes answer with an error event: never silence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from conveyor.api.errors import ValidationError
+from conveyor.jobqueue.keys import Keys, event_entry_id
+from conveyor.jobqueue.shard_subscriptions import subscriptions_for
+from conveyor.jobqueue.subscriptions import Listener, Signal
+from conveyor.wire.job import JobEvent
+
+KEEPALIVE_S = 15.0
+OUTAGE_TIMEOUT_S = 30.0  # a stream waits this long for a lost Redis to come back, then ends with an error
+MAX_INDEX = 2**62  # entry ids are 0-(index+1): an index past this names no event
+
+
+class StreamInterrupted(RedisConnectionError):
+    """A job's events could not be followed to the end (the job itself goes on): Redis stayed
+    unreachable past the outage timeout, or events are missing from the job's event stream."""
+
+
+@dataclass(slots=True)
+class RelayStats:
+    live: int = 0  # events delivered as they were published
+    replayed: int = 0  # events delivered from the durable event stream
+    resyncs: int = 0  # times a client went back to the event stream (overflow, gap, reconnect)
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    events: list[JobEvent]  # index > after, in order
+    last_index: int  # the stream's last index; -1: no event yet
+    ended: bool  # the job's final event is at or before `after` (the client has seen the end)
+
+
+class Relay:
+    def __init__(self, redis: Redis, keys: Keys, on_lag: Callable[[float], object] | None = None,
+                 keepalive_s: float = KEEPALIVE_S, outage_timeout: float = OUTAGE_TIMEOUT_S) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.keepalive_s = keepalive_s  # settings.sse_keepalive_s; 0: no keep-alives
+        self.outage_timeout = outage_timeout
+        self.on_lag = on_lag  # seconds from the worker's publish to here, per live event
+        self.stats = RelayStats()
+        # One classic connection on a single node; one per node, sharded, on a cluster.
+        self.subscriptions = subscriptions_for(redis, f"{keys.prefix}:relay", on_event=self._observe)
+
+    @property
+    def num_clients(self) -> int:
+        return self.subscriptions.num_listeners
+
+    def subscribed(self, job_id: str) -> bool:
+        """Whether the server has confirmed this process's subscription to the job's live events."""
+        return self.subscriptions.confirmed(self.keys.channel(job_id))
+
+    async def start(self) -> None:
+        await self.subscriptions.start()
+
+    async def stop(self) -> None:
+        await self.subscriptions.stop()
+
+    def _observe(self, event: JobEvent) -> None:
+        if self.on_lag is not None and event.at is not None:
+            self.on_lag(max(0.0, time.time() - event.at))
+
+    async def backlog(self, job_id: str, after: int) -> Backlog:
+        """The durable stream's events with index > after (entry ids follow the index, so XRANGE
+        starts there), its last index, and whether the client has seen the final event."""
+        key = self.keys.events(job_id)
+        entries: list[tuple[str, dict[str, str]]] = []
+        if after < MAX_INDEX:
+            entries = await self.redis.xrange(key, min=event_entry_id(after + 1))  # type: ignore[assignment]
+        events = [JobEvent.model_validate_json(fields["e"]) for _id, fields in entries]
+        if events:
+            return Backlog(events, events[-1].index, ended=False)
+        tail: list[tuple[str, dict[str, str]]] = await self.redis.xrevrange(key, count=1)  # type: ignore[assignment]
+        last = JobEvent.model_validate_json(tail[0][1]["e"]) if tail else None
+        if last is not None and last.index > after:  # written between the two reads: read them now
+            return await self.backlog(job_id, after)
+        return Backlog([], -1 if last is None else last.index, ended=last is not None and last.final)
+
+    async def check_resume(self, job_id: str, after: int) -> None:
+        """422 for a Last-Event-ID past the last event of a job that has not ended (nothing with a
+        higher index would ever come); past the end of an ended job, the stream just ends."""
+        if after >= 0:
+            _check_after(job_id, after, await self.backlog(job_id, after))
+
+    async def events(self, job_id: str, after: int = -1) -> AsyncIterator[JobEvent | None]:
+        """Yields the job's events with index > after, each once and in order, ending with the final
+        one (at once if the client saw the final event already).
+
+        Yields None when nothing arrived for `keepalive_s` (time for an SSE keep-alive comment).
+        Raises StreamInterrupted when the rest cannot be delivered without a gap.
+        """
+        channel = self.keys.channel(job_id)
+        listener = Listener()
+        last = after
+        try:
+            await self.subscriptions.add(channel, listener)
+            backlog = await self._backlog(job_id, last)
+            _check_after(job_id, after, backlog)
+            while True:
+                if backlog.ended:
+                    return
+                for event in backlog.events:
+                    if event.index != last + 1:
+                        raise StreamInterrupted(
+                            f"events {last + 1}..{event.index - 1} of job {job_id} are missing from its "
+                            "event stream (lost in a Redis restart?): read its result with GET "
+                            f"/v1/jobs/{job_id}")
+                    last = event.index
+                    self.stats.replayed += 1
+                    yield event
+                    if event.final:
+                        return
+                listener.overflowed = False
+                keepalive_at = self._keepalive_at()
+                while not listener.overflowed:
+                    item = await self._next(listener, keepalive_at)
+                    if item is None:
+                        yield None
+                        keepalive_at = self._keepalive_at()
+                        continue
+                    if isinstance(item, Signal):  # RESYNC (DOWN never leaves _next)
+                        break
+                    if item.index <= last:  # already sent (from the stream, or published twice)
+                        if item.final:
+                            return
+                        continue
+                    if item.index > last + 1:  # a gap: missed live events, read them from the stream
+                        break
+                    last = item.index
+                    self.stats.live += 1
+                    yield item
+                    if item.final:
+                        return
+                    keepalive_at = self._keepalive_at()
+                # Overflowed, a gap or a reconnect: drop the buffer and catch up from the durable stream.
+                self.stats.resyncs += 1
+                while not listener.queue.empty():
+                    listener.queue.get_nowait()
+                backlog = await self._backlog(job_id, last)
+        finally:
+            self.subscriptions.remove(channel, listener)
+
+    def _keepalive_at(self) -> float:
+        return time.monotonic() + self.keepalive_s if self.keepalive_s > 0 else math.inf
+
+    async def _backlog(self, job_id: str, after: int) -> Backlog:
+        try:
+            return await self.backlog(job_id, after)
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            if isinstance(exc, StreamInterrupted):
+                raise
+            raise StreamInterrupted(f"the event stream of job {job_id} cannot be read ({exc}): "
+                                    f"resume with Last-Event-ID: {after}") from exc
+
+    async def _next(self, listener: Listener, keepalive_at: float) -> JobEvent | Signal | None:
+        """The listener's next event or RESYNC; None when a keep-alive is due. While the connection
+        is lost, waits for it at most `outage_timeout`, then raises StreamInterrupted."""
+        while True:
+            now = time.monotonic()
+            timeout = keepalive_at - now
+            down_since = self.subscriptions.down_since
+            if down_since is not None:
+                left = down_since + self.outage_timeout - now
+                if left <= 0:
+                    raise StreamInterrupted(f"Redis has not answered for {self.outage_timeout:.0f} s: the "
+                                            "stream ends here, the job goes on (resume with Last-Event-ID)")
+                timeout = min(timeout, left)
+            if timeout <= 0:
+                return None
+            try:
+                # Not wait_for: on Python 3.11 it drops a cancellation that lands as the get completes,
+                # and a sync request whose client left would then follow its job to the end.
+                async with asyncio.timeout(None if math.isinf(timeout) else timeout):
+                    item = await listener.queue.get()
+            except TimeoutError:
+                continue
+            if item is not Signal.DOWN:  # DOWN only wakes the wait, to start the outage clock
+                return item
+
+
+def _check_after(job_id: str, after: int, backlog: Backlog) -> None:
+    if after > backlog.last_index and not backlog.ended:
+        raise ValidationError(
+            f"Last-Event-ID {after} is past the last event of job {job_id}, which has not ended (its last "
+            f"index is {backlog.last_index}; -1: none yet): send the id of the last event you received, "
+            "or no Last-Event-ID to read from the start", param="Last-Event-ID")

@@ -1,0 +1,253 @@
+"""The api's side of the job path: admit and write a job (record + stream entry), cancel it, read it."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from contextlib import suppress
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
+from redis.exceptions import RedisError, ResponseError
+
+from conveyor.api.errors import Overloaded, ValidationError
+from conveyor.api.jobpath.admission import WRITE_GRACE_S, Admission
+from conveyor.api.jobpath.placement import Placement
+from conveyor.api.jobpath.tenants import TenantIndex
+from conveyor.api.metrics import ApiMetrics
+from conveyor.jobqueue.keys import WORKER_GROUP, Keys, event_entry_id
+from conveyor.jobqueue.live import cluster_of, live_script
+from conveyor.jobqueue.queue import QueuePlace, ensure_group
+from conveyor.settings import Settings
+from conveyor.telemetry.tracing import Tracing
+from conveyor.webhooks.enqueue import WebhookQueue
+from conveyor.wire.job import JobEvent, JobResult, JobSpec, JobStatus, RecordField
+
+log = logging.getLogger("conveyor.api.jobpath.store")
+
+# queued → a terminal state, by the api, for a job no worker holds yet (cancelled, expired). One
+# job's keys only (one hash slot): the record, its event stream; the final event is published too.
+# Atomic with the worker's take: a worker that reads the job later finds it ended and only acks it.
+_END_QUEUED = """
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= 'queued' then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
+redis.pcall('XADD', KEYS[2], 'MAXLEN', '~', ARGV[9], ARGV[11], 'e', ARGV[7])
+redis.call('EXPIRE', KEYS[1], ARGV[8])
+redis.call('EXPIRE', KEYS[2], ARGV[8])
+redis.call('PUBLISH', ARGV[10], ARGV[7])
+return 1
+"""
+
+# An Idempotency-Key whose job expired is claimed anew only if it still holds what was read (one key).
+_RECLAIM = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
+return 1
+"""
+# A refused submit gives its Idempotency-Key back only if the key is still its own.
+_UNCLAIM = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+CLAIM_TRIES = 3
+
+
+def new_job_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    job_id: str
+    replayed: bool = False  # an earlier submit with the same Idempotency-Key
+
+
+class JobStore:
+    def __init__(self, redis: Redis, keys: Keys, settings: Settings, metrics: ApiMetrics | None = None,
+                 webhooks: WebhookQueue | None = None, tracing: Tracing | None = None) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.settings = settings
+        self.metrics = metrics
+        self.webhooks = webhooks  # for the jobs the api itself ends (in the queue)
+        self.tracing = tracing
+        self.tenants = TenantIndex(redis, keys, settings)
+        self.admission = Admission(redis, keys, settings)
+        self.placement = Placement(redis, keys, settings)
+        self._end_queued = redis.register_script(live_script(_END_QUEUED, redis))
+        self._reclaim = redis.register_script(_RECLAIM)
+        self._unclaim = redis.register_script(_UNCLAIM)
+
+    async def ensure_group(self) -> None:
+        """The workers' consumer group, so the queue's lag is measured before a worker starts."""
+        await ensure_group(self.redis, self.keys)
+
+    async def queue_depth(self) -> tuple[int, int] | None:
+        """(queued, running) summed over every jobs stream: entries not yet read by a worker, and read
+        but not acknowledged; None when Redis does not report the group's lag (Redis < 7)."""
+        places = await self.queue_places()
+        if places is None:
+            return None
+        return sum(p.queued for p in places), sum(p.running for p in places)
+
+    async def queue_places(self) -> list[QueuePlace] | None:
+        """The depth of each jobs stream (shard × band): one pipeline of one-key XINFO GROUPS."""
+        pipe = self.redis.pipeline(transaction=False)
+        for _shard, _band, stream in self.keys.queue_places:
+            pipe.xinfo_groups(stream)
+        replies = await pipe.execute(raise_on_error=False)
+        out: list[QueuePlace] = []
+        for (shard, band, _stream), groups in zip(self.keys.queue_places, replies, strict=True):
+            if isinstance(groups, ResponseError):  # no stream yet: nothing outstanding
+                groups = []
+            elif isinstance(groups, Exception):
+                raise groups
+            group = next((g for g in groups if g["name"] == WORKER_GROUP), None)
+            if group is not None and group.get("lag") is None:  # Redis < 7 does not report it
+                return None
+            out.append(QueuePlace(shard, band, int(group["lag"]) if group else 0,
+                                  int(group["pending"]) if group else 0))
+        return out
+
+    def enqueue(self, pipe: Pipeline, spec: JobSpec, payload: str) -> None:
+        """Queues the job's entry on its stream: the own stream of the worker holding its prompt's
+        prefix (conveyor/api/jobpath/placement.py), else the shared one of its shard (its id's) and band
+        (its priority's)."""
+        fields = {"id": spec.id, "spec": payload}
+        if self.placement.enqueue(pipe, spec, fields) is None:
+            pipe.xadd(self.keys.stream_of(spec.id, spec.priority, self.settings.priority_bands), fields)
+
+    async def submit(self, spec: JobSpec, idempotency_key: str | None = None,
+                     fingerprint: str = "") -> Submitted:
+        """Admits and writes the job; with an Idempotency-Key seen before, answers that job instead."""
+        idem = self.keys.idempotency(spec.tenant, idempotency_key) if idempotency_key else None
+        claim = f"{spec.id} {spec.created_at} {fingerprint}"
+        if idem is not None:
+            earlier = await self._claim(idem, claim, fingerprint)
+            if earlier is not None:
+                return Submitted(earlier, replayed=True)
+        try:
+            await self.admission.admit(spec)
+            if self.tracing is not None:
+                self.tracing.tag(**{"conveyor.job_id": spec.id, "conveyor.tenant": spec.tenant})
+                spec = spec.model_copy(update={"traceparent": self.tracing.traceparent()})
+            try:
+                await self._write(spec)
+            except (RedisError, OSError):
+                await self.admission.release(spec)
+                raise
+        except BaseException:  # refused or failed: no job, so the key answers no job either
+            if idem is not None:
+                with suppress(RedisError, OSError):  # else it is free again WRITE_GRACE_S from now
+                    await self._unclaim(keys=[idem], args=[claim])
+            raise
+        log.info("job %s submitted (%s, %d prompt tokens)", spec.id, spec.kind, len(spec.prompt_ids),
+                 extra={"job_id": spec.id, "tenant": spec.tenant})
+        return Submitted(spec.id)
+
+    async def _write(self, spec: JobSpec) -> None:
+        # Record first, then the stream entry: a worker never reads a job without its record. Not a
+        # MULTI: the keys live in different slots on Redis Cluster. There a pipeline is split by node
+        # and sent to the nodes at once, so the order holds only within a node: the record (and the
+        # tenant index) is written first, the entry after it (one more round trip), else a worker can
+        # read the entry before the record exists and drop the job as gone (benchmarks/redis_cost.py
+        # --cluster lost such jobs).
+        pipe = self.redis.pipeline(transaction=False)
+        payload = spec.model_dump_json(exclude_none=True)
+        pipe.hset(
+            self.keys.job(spec.id),
+            mapping={
+                RecordField.STATUS: JobStatus.QUEUED.value,
+                RecordField.SPEC: payload,
+                RecordField.TENANT: spec.tenant,
+                RecordField.CREATED_AT: spec.created_at,
+            },
+        )
+        self.tenants.add(pipe, spec)
+        await self.enqueue_after(pipe, spec, payload)
+
+    async def enqueue_after(self, pipe: Pipeline, spec: JobSpec, payload: str) -> None:
+        """Runs `pipe` (the job's record writes), then the job's stream entry after it: in the same
+        pipeline on one node (it keeps the order), in a pipeline of its own on a cluster (not)."""
+        if cluster_of(self.redis):
+            await pipe.execute()
+            pipe = self.redis.pipeline(transaction=False)
+        self.enqueue(pipe, spec, payload)
+        await pipe.execute()
+
+    async def _claim(self, idem: str, claim: str, fingerprint: str) -> str | None:
+        """Claims the Idempotency-Key for this job (None), or answers the earlier job that holds it.
+        Every step is one atomic command, so two racing submits never both claim it."""
+        ttl = self.settings.idempotency_ttl
+        for _ in range(CLAIM_TRIES):
+            if await self.redis.set(idem, claim, nx=True, ex=ttl):
+                return None
+            value = await self.redis.get(idem)
+            if value is None:  # expired just now: claim it again
+                continue
+            earlier = await self._replay(value, fingerprint)
+            if earlier is not None:
+                return earlier
+            if await self._reclaim(keys=[idem], args=[value, claim, ttl]):
+                return None
+        raise Overloaded(retry_after=1)  # other submits with this key keep winning the race: retry
+
+    async def _replay(self, value: str, fingerprint: str) -> str | None:
+        """The earlier job of a claim, or None if that job's keys expired (the key is free again)."""
+        job_id, created_at, earlier_fingerprint = value.split(" ", 2)
+        if earlier_fingerprint != fingerprint:
+            raise ValidationError(
+                "Idempotency-Key was already used with a different request body: use a new key",
+                param="Idempotency-Key",
+            )
+        if time.time() - float(created_at) > WRITE_GRACE_S and not await self.redis.exists(
+            self.keys.job(job_id)
+        ):
+            return None  # that job's keys expired: this is a new job
+        return job_id  # (a job claimed moments ago may still be being written)
+
+    async def cancel(self, job_id: str) -> None:
+        """Flag first (a queued job is dropped when read), tell the owning worker, and end the job
+        at once if it is still queued."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hset(self.keys.job(job_id), RecordField.CANCEL, time.time())
+        # (PUBLISH as a command: redis-py's cluster pipeline refuses the method; on a cluster the
+        # control channel is classic pub/sub, broadcast to every node, where every worker hears it)
+        pipe.execute_command("PUBLISH", self.keys.control_channel, job_id)
+        await pipe.execute()
+        await self.end_queued(job_id, JobStatus.CANCELLED)
+
+    async def end_queued(self, job_id: str, status: JobStatus) -> bool:
+        """Ends a job that no worker has started (cancelled or expired); False if it had started."""
+        result = JobResult.final(status)
+        event = JobEvent.ending(0, result).model_dump_json(exclude_none=True)
+        ended = await self._end_queued(
+            keys=[self.keys.job(job_id), self.keys.events(job_id)],
+            args=[RecordField.STATUS.value, status.value,
+                  RecordField.RESULT.value, result.model_dump_json(exclude_none=True),
+                  RecordField.FINISHED_AT.value, time.time(), event, self.settings.result_ttl,
+                  self.settings.event_stream_maxlen, self.keys.channel(job_id), event_entry_id(0)],
+        )
+        if ended:
+            await self._ended_in_queue(job_id, status)
+        return bool(ended)
+
+    async def _ended_in_queue(self, job_id: str, status: JobStatus) -> None:
+        """No worker will see this job run: its metrics and `completed` webhook are the api's."""
+        if self.metrics is not None:
+            self.metrics.ended_in_queue(status)
+        if self.webhooks is None:
+            return
+        raw = await self.redis.hget(self.keys.job(job_id), RecordField.SPEC)
+        spec = JobSpec.model_validate_json(raw) if raw else None
+        log.info("job %s %s in the queue", job_id, status.value,
+                 extra={"job_id": job_id, "tenant": spec.tenant if spec else None})
+        if spec is not None and spec.webhook is not None and "completed" in spec.webhook.events:
+            if self.metrics is not None:
+                self.metrics.webhooks.labels("completed").inc()
+            self.webhooks.notify(spec, "completed")
+
+    async def record(self, job_id: str) -> dict[str, str]:
+        return await self.redis.hgetall(self.keys.job(job_id))

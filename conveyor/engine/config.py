@@ -1,0 +1,36 @@
+"""Engine limits and cache geometry. Field names follow TGI's launcher where TGI has one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    block_size: int = 16
+    # Tokens of prefill (prompt chunks) one step may process. vLLM's server's 2048 (TGI: 4096): a
+    # request that arrives mid-step waits for the step's end, so shorter steps start it sooner.
+    max_batch_prefill_tokens: int = 2048
+    # Sum of the context lengths (prompt + generated) of all sequences in the batch; None: bounded
+    # only by the KV blocks.
+    max_batch_total_tokens: int | None = None
+    max_batch_size: int = 256  # running sequences at most
+    # Order of waiting requests of one priority: "shortest" (least prefill first, a request passed
+    # only until as many prefill tokens as its own have been served after it arrived) or "arrival".
+    admission_order: str = "shortest"
+    enable_prefix_caching: bool = True
+    # KV cache budget in bytes; None: `kv_cache_fraction` of free device memory.
+    kv_cache_memory: int | None = None
+    kv_cache_fraction: float = 0.3
+    num_blocks: int | None = None  # overrides the memory budget (tests)
+    dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
+    # The KV cache's element type (TGI's --kv-cache-dtype): auto, the model's dtype, or bfloat16,
+    # which halves the bytes decode attention streams and doubles the blocks a budget holds; the
+    # CPU kernels widen it to fp32 as they load it.
+    kv_cache_dtype: str = "auto"
+    device: str = "auto"  # auto: cuda when available, else cpu
+    # auto, flash-attn, triton or torch: conveyor/engine/attention/__init__.py's select_attention.
+    attention: str = "auto"
+    # Batch sizes of the pure-decode CUDA graphs (TGI's --cuda-graphs); None: 1, 2, 4, 8, then
+    # every 16 up to max_batch_size; (): no graphs.
+    cuda_graphs: tuple[int, ...] | None = None

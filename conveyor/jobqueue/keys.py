@@ -1,0 +1,190 @@
+"""The Redis layout, in one place (docs/design.md §3).
+
+Every key shares a prefix. The keys of one job carry the hash tag `{job_id}` so the multi-key
+operations of a job stay in one slot and the layout runs on Redis Cluster unchanged. The queue is
+`jobs_shards` × priority bands (conveyor/jobqueue/bands.py), one stream each; the bands of one shard share
+the shard's hash tag `{jobs-N}`, so a worker reads a shard's bands in one command or script.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+from conveyor.jobqueue.bands import BANDS, Band, band_of
+
+WORKER_GROUP = "workers"
+DEAD_LETTER_MAXLEN = 10_000  # the dead-letter stream keeps about this many newest entries
+
+
+def event_entry_id(index: int) -> str:
+    """Entry ID of event `index` in a job's event stream: `0-(index+1)`.
+
+    IDs that follow the index make the stream reject a second event with the same index (XADD
+    needs a growing ID), so a retried pipeline or a resumed job can never write a duplicate.
+    """
+    return f"0-{index + 1}"
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    prefix: str = "conveyor"
+    jobs_shards: int = 1  # the queue's shards (settings.jobs_shards); every process must agree
+
+    def jobs_stream(self, shard: int, band: Band) -> str:
+        """Stream of the queued jobs of one shard and priority band; consumer group WORKER_GROUP.
+        The bands of a shard share its hash tag `{jobs-N}`, so one XREADGROUP (or script) reads a
+        shard's bands on Redis Cluster. No TTL: a worker deletes an entry when it acknowledges it,
+        so the stream holds only queued and running jobs."""
+        return f"{self.prefix}:jobs:{{jobs-{shard}}}:{band.value}"
+
+    def shard_streams(self, shard: int, bands: tuple[Band, ...] = BANDS) -> tuple[str, ...]:
+        """A shard's streams, in the order of `bands` (highest first unless told)."""
+        return tuple(self.jobs_stream(shard, band) for band in bands)
+
+    @property
+    def queue_places(self) -> tuple[tuple[int, Band, str], ...]:
+        """(shard, band, stream) of every stream of the queue, shard by shard, highest band first."""
+        return tuple((shard, band, self.jobs_stream(shard, band))
+                     for shard in range(self.jobs_shards) for band in BANDS)
+
+    @property
+    def jobs_streams(self) -> tuple[str, ...]:
+        """Every stream of the queue (jobs_shards × bands)."""
+        return tuple(stream for _shard, _band, stream in self.queue_places)
+
+    def shard_of(self, job_id: str) -> int:
+        """The job's shard: a stable hash of its id (CRC-32), so every api process agrees."""
+        return zlib.crc32(job_id.encode()) % self.jobs_shards
+
+    def stream_of(self, job_id: str, priority: int, bands: bool = True) -> str:
+        """The stream a job is queued on: its shard's stream of its priority's band."""
+        return self.jobs_stream(self.shard_of(job_id), band_of(priority, bands))
+
+    def own_stream(self, shard: int, worker_id: str) -> str:
+        """A worker's own stream in a shard (prefix-affinity placement, conveyor/jobqueue/placement.py):
+        jobs the
+        api placed on it because it holds their prefix; read first by it, by others only once an entry
+        waited affinity_wait_ms. Same hash tag as the shard's bands. No TTL: a worker's streams are
+        deleted by the fleet once it is gone and they are empty (conveyor/worker/placement.py)."""
+        return f"{self.prefix}:jobs:{{jobs-{shard}}}:w:{worker_id}"
+
+    def owners(self, shard: int) -> str:
+        """Set: the workers with an own stream in the shard. No TTL: bounded by the fleet (a gone
+        worker leaves it with its empty streams)."""
+        return f"{self.prefix}:jobs:{{jobs-{shard}}}:owners"
+
+    def prefixes(self, worker_id: str) -> str:
+        """String: a worker's prefix-cache summary (conveyor/jobqueue/placement.py); TTL job_lease_ms,
+        rewritten
+        with each heartbeat."""
+        return f"{self.prefix}:prefixes:{worker_id}"
+
+    def untimed(self, key: str) -> bool:
+        """A key documented to have no TTL: the fleet keys, the workers' own streams and the owners."""
+        own = key.startswith(f"{self.prefix}:jobs:{{jobs-") and (":w:" in key or key.endswith(":owners"))
+        return key in self.fleet_keys or own
+
+    @property
+    def dead_letter_stream(self) -> str:
+        """Jobs given up on (delivered more than max_attempts times, or unreadable). No TTL;
+        capped at about DEAD_LETTER_MAXLEN entries."""
+        return f"{self.prefix}:jobs:dead"
+
+    @property
+    def fleet_keys(self) -> tuple[str, ...]:
+        """The keys without a TTL: shared by every job, bounded in size."""
+        return (*self.jobs_streams, self.dead_letter_stream)
+
+    @property
+    def control_channel(self) -> str:
+        """Pub/sub channel for cancel requests, read by every worker."""
+        return f"{self.prefix}:control"
+
+    @property
+    def webhook_queue(self) -> str:
+        """Name of the RQ queue of webhook deliveries (RQ keeps its own keys: `rq:queue:NAME`, ...)."""
+        return f"{self.prefix}-webhooks"
+
+    def job(self, job_id: str) -> str:
+        """Hash: the job record (status, timestamps, request, result)."""
+        return f"{self.prefix}:job:{{{job_id}}}"
+
+    def events(self, job_id: str) -> str:
+        """Stream of the job's token events (capped), for replay and resume."""
+        return f"{self.prefix}:job:{{{job_id}}}:events"
+
+    def channel(self, job_id: str) -> str:
+        """Pub/sub channel of the job's live events."""
+        return f"{self.prefix}:job:{{{job_id}}}:live"
+
+    def worker(self, worker_id: str) -> str:
+        """Heartbeat of a worker: its WorkerInfo as JSON, with a TTL of job_lease_ms."""
+        return f"{self.prefix}:worker:{worker_id}"
+
+    @property
+    def workers_pattern(self) -> str:
+        return f"{self.prefix}:worker:*"
+
+    def idempotency(self, tenant: str, key: str) -> str:
+        """String: `job_id fingerprint` for a tenant's Idempotency-Key (SET NX EX idempotency_ttl)."""
+        return f"{self.prefix}:idem:{tenant}:{key}"
+
+    def tenant_jobs(self, tenant: str) -> str:
+        """Sorted set: the tenant's jobs by creation time, for listing; TTL refreshed on each submit."""
+        return f"{self.prefix}:tenant:{tenant}:jobs"
+
+    @property
+    def tenant_jobs_pattern(self) -> str:
+        """Every tenant's job index (tenant names hold no ':'), for the console's fleet counts."""
+        return f"{self.prefix}:tenant:*:jobs"
+
+    def tenant_active(self, tenant: str) -> str:
+        """Sorted set: the tenant's jobs not yet seen terminal, by creation time (per-tenant cap)."""
+        return f"{self.prefix}:tenant:{tenant}:active"
+
+    @property
+    def admitted(self) -> str:
+        """Sorted set: the jobs admitted under max_concurrent_requests not yet seen terminal, by
+        creation time; TTL refreshed on each admit (conveyor/api/jobpath/admission.py)."""
+        return f"{self.prefix}:admitted"
+
+    # --- OpenAI's Batch API (conveyor/api/batch/file_store.py, conveyor/api/batch/runner.py); TTL
+    # batch_file_ttl -------
+    def file(self, file_id: str) -> str:
+        """Hash: a file's metadata (FileObject fields, tenant)."""
+        return f"{self.prefix}:file:{{{file_id}}}"
+
+    def file_lines(self, file_id: str) -> str:
+        """List: a file's lines (JSONL), appended to while a batch writes its output."""
+        return f"{self.prefix}:file:{{{file_id}}}:lines"
+
+    def file_invalid(self, file_id: str) -> str:
+        """Hash: line index → the error found at upload (BatchLineError JSON)."""
+        return f"{self.prefix}:file:{{{file_id}}}:invalid"
+
+    def tenant_files(self, tenant: str) -> str:
+        """Sorted set: the tenant's files by creation time, for listing."""
+        return f"{self.prefix}:tenant:{tenant}:files"
+
+    def batch(self, batch_id: str) -> str:
+        """Hash: a batch's state (status, timestamps, counts, cursor)."""
+        return f"{self.prefix}:batch:{{{batch_id}}}"
+
+    def batch_window(self, batch_id: str) -> str:
+        """Hash: line index → 1 for the batch's lines expanded into jobs and not yet collected."""
+        return f"{self.prefix}:batch:{{{batch_id}}}:window"
+
+    def batch_lease(self, batch_id: str) -> str:
+        """String: the api process advancing the batch now (SET NX PX), so processes do not race."""
+        return f"{self.prefix}:batch:{{{batch_id}}}:lease"
+
+    def tenant_batches(self, tenant: str) -> str:
+        """Sorted set: the tenant's batches by creation time, for listing."""
+        return f"{self.prefix}:tenant:{tenant}:batches"
+
+    @property
+    def batches_active(self) -> str:
+        """Set: batches not yet ended, which the api processes advance. No TTL: a batch leaves it when
+        it ends."""
+        return f"{self.prefix}:batches:active"

@@ -1,0 +1,156 @@
+"""One role per process: the api (uvicorn), an engine worker, or a webhook delivery process."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+
+from conveyor.settings import Settings
+
+log = logging.getLogger("conveyor")
+
+
+def _model(settings: Settings):  # type: ignore[no-untyped-def]
+    from conveyor.engine.loader import ModelError, resolve_model
+
+    try:
+        return resolve_model(settings.model, settings.model_cache_dir)
+    except ModelError as exc:
+        raise SystemExit(f"conveyor: {exc}") from None
+
+
+def run_api(settings: Settings) -> int:
+    import uvicorn
+
+    from conveyor.api.app import create_app
+
+    if not settings.redis_url:
+        raise SystemExit("conveyor api: set REDIS_URL (or use `conveyor serve`, which starts Redis)")
+    source = _model(settings)
+    try:
+        app = create_app(settings, source.path, settings.served_model_name or source.model_id)
+    except ValueError as exc:  # e.g. an unreadable api_keys_file
+        raise SystemExit(f"conveyor api: {exc}") from None
+    # log_config=None: uvicorn's lines go through our handler (human or JSON, like every other line).
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                timeout_graceful_shutdown=5, log_config=None)
+    return 0
+
+
+def engine_config(settings: Settings):  # type: ignore[no-untyped-def]
+    from conveyor.engine.config import EngineConfig
+
+    return EngineConfig(
+        block_size=settings.block_size,
+        max_batch_prefill_tokens=settings.max_batch_prefill_tokens,
+        max_batch_total_tokens=settings.max_batch_total_tokens,
+        max_batch_size=settings.max_batch_size,
+        admission_order=settings.admission_order,
+        enable_prefix_caching=settings.enable_prefix_caching,
+        kv_cache_memory=settings.kv_cache_bytes,
+        kv_cache_fraction=settings.kv_cache_fraction,
+        kv_cache_dtype=settings.kv_cache_dtype,
+        device=settings.device,
+        attention=settings.attention,
+        cuda_graphs=settings.cuda_graph_sizes(),
+    )
+
+
+def run_worker(settings: Settings, worker_id: str | None) -> int:
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from conveyor.engine.engine import Engine
+    from conveyor.engine.off_main import build_off_main
+    from conveyor.telemetry import prom
+    from conveyor.telemetry.logs import bind
+    from conveyor.telemetry.tracing import Tracing
+    from conveyor.worker.outage import connect
+    from conveyor.worker.runner import Worker, new_worker_id
+
+    if not settings.redis_url:
+        raise SystemExit("conveyor worker: set REDIS_URL (or use `conveyor serve`, which starts Redis)")
+    worker_id = worker_id or new_worker_id()
+    bind(worker_id=worker_id)
+    source = _model(settings)
+    # Not on this thread: the engine thread steps it (conveyor/engine/off_main.py says why that costs ~20 %).
+    engine = build_off_main(lambda: Engine.from_pretrained(source.path, engine_config(settings)))
+    tracing = Tracing.from_settings(settings, "conveyor-worker")
+
+    async def main() -> None:
+        redis = connect(settings)  # its retry policy: conveyor/worker/outage.py
+        worker = Worker(settings, engine, redis, worker_id, settings.served_model_name or source.model_id,
+                        tracing)
+        if settings.worker_metrics_port:
+            prom.serve(worker.metrics.registry, settings.host, settings.worker_metrics_port,
+                       "worker_metrics_port")
+            log.info("metrics on http://%s:%d/metrics", settings.host, settings.worker_metrics_port)
+        signals = 0
+
+        def on_signal() -> None:
+            nonlocal signals
+            signals += 1
+            if signals == 1:
+                log.info("stopping: draining for up to %.0fs (signal again to exit now)",
+                         settings.drain_timeout)
+                worker.stop()
+            else:  # its jobs stay pending; other workers resume them after the lease
+                log.warning("second signal: exiting now")
+                logging.shutdown()
+                os._exit(1)
+
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal)
+        try:
+            await worker.run()
+        except RedisConnectionError as exc:
+            raise SystemExit(f"conveyor worker: cannot reach Redis at {settings.redis_url} ({exc}): "
+                             "start it, or point REDIS_URL at a running one") from None
+        finally:
+            await redis.aclose()
+            if tracing is not None:
+                tracing.shutdown()
+
+    asyncio.run(main())
+    return 0
+
+
+def run_webhooks(settings: Settings) -> int:
+    """An RQ worker on the webhook queue, with RQ's scheduler (it moves retries due back to the queue).
+    SimpleWorker: deliveries run in this process, one at a time (`conveyor serve` starts
+    `webhook_workers` of these), so their metrics live here too."""
+    from redis import Redis
+    from rq import Queue, SimpleWorker
+
+    from conveyor.jobqueue.client import make_sync_client, rq_url
+    from conveyor.jobqueue.keys import Keys
+    from conveyor.launcher.redis_server import _die_with_parent
+    from conveyor.telemetry import prom
+    from conveyor.webhooks.delivery import Deliverer, install
+    from conveyor.webhooks.metrics import DeliveryMetrics
+
+    if not settings.redis_url:
+        raise SystemExit("conveyor webhooks: set REDIS_URL (or use `conveyor serve`, which starts Redis)")
+    metrics = DeliveryMetrics()
+    try:
+        deliverer = Deliverer(settings, make_sync_client(settings, decode_responses=True), metrics.attempt)
+    except ValueError as exc:  # a bad secret or allow-list entry
+        raise SystemExit(f"conveyor webhooks: {exc}") from None
+    install(deliverer)
+    os.register_at_fork(after_in_child=_die_with_parent)  # RQ's scheduler process must not outlive us
+    if settings.webhook_metrics_port:
+        prom.serve(metrics.registry, settings.host, settings.webhook_metrics_port, "webhook_metrics_port")
+    url = rq_url(settings)
+    if url is None:
+        raise SystemExit("conveyor webhooks: RQ does not run on Redis Cluster: set "
+                         "CONVEYOR_WEBHOOK_REDIS_URL to a plain Redis for the webhook queue (the api and "
+                         "workers enqueue there)")
+    connection = Redis.from_url(url)
+    queue = Queue(Keys(settings.key_prefix).webhook_queue, connection=connection)
+    log.info("delivering webhooks from RQ queue %s (metrics port %s)", queue.name,
+             settings.webhook_metrics_port or "off")
+    SimpleWorker([queue], connection=connection).work(with_scheduler=True,
+                                                        logging_level=settings.log_level.upper())
+    return 0

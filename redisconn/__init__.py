@@ -1,1 +1,0 @@
-"""Building Redis clients: one place decides single node or Redis Cluster for every process."""
