@@ -54,7 +54,7 @@ lint: $(STAMP)
 
 # The docs site from docs/ (mkdocs.yml), strict: a broken link or a page missing from the nav fails.
 docs: $(STAMP)
-	$(BIN)/mkdocs build --strict -d build/site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d build/site
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/engine.py
