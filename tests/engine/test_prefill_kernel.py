@@ -3,6 +3,7 @@ torch backend routing prefill chunks through it."""
 
 from __future__ import annotations
 
+import functools
 import random
 
 import pytest
@@ -11,8 +12,10 @@ import torch.nn.functional as F
 
 from conveyor.engine.attention import AttentionBatch, AttentionGeometry, cpu_kernel
 from conveyor.engine.attention.torch_paged import TorchAttention, keys_by_token
+from tests.engine.kernel_builds import KernelBuild, each_build  # noqa: F401 - the fixture
 from tests.engine.test_cpu_kernel import (
-    assert_same_as_widened,
+    BLOCK_SIZES,
+    HEAD_DIMS,
     kernel,  # noqa: F401 - the fixture: skip (or fail in CI) without a build
 )
 
@@ -151,20 +154,33 @@ def test_rejects_bad_input() -> None:
         _run(q, k_cache, v_cache, padded, starts, lens + 8, None, 0.25)
 
 
+@functools.cache
+def _bf16_case(hd: int, bs: int, window: int | None):  # type: ignore[no-untyped-def]
+    """_CHUNKS over a bf16 cache and its float64 reference: computed once, shared by every build's
+    test (the reference costs more than the kernel)."""
+    q, k_cache, v_cache, tables, padded, starts, lens = _case(_CHUNKS, 8, 2, hd, bs)  # groups of 4
+    k16, v16 = k_cache.bfloat16(), v_cache.bfloat16()
+    expected = _reference(q, k16.float(), v16.float(), tables, _CHUNKS, window)
+    return q, k16, v16, padded, starts, lens, expected
+
+
 @needs_kernel
-@pytest.mark.parametrize("heads,kv,hd,bs", [(9, 3, 64, 16), (4, 4, 32, 4), (3, 3, 66, 16)])
+@pytest.mark.parametrize("bs", BLOCK_SIZES)
+@pytest.mark.parametrize("hd", HEAD_DIMS)
 @pytest.mark.parametrize("window", [None, 7])
 def test_bf16_cache_reads_as_its_fp32_widening(
-    heads: int, kv: int, hd: int, bs: int, window: int | None
+    build: KernelBuild, hd: int, bs: int, window: int | None
 ) -> None:
-    q, k_cache, v_cache, tables, padded, starts, lens = _case(_CHUNKS, heads, kv, hd, bs)
-    k16, v16 = k_cache.bfloat16(), v_cache.bfloat16()
-    out = _run(q, k16, v16, padded, starts, lens, window, hd**-0.5)
-    assert_same_as_widened(out, _run(q, k16.float(), v16.float(), padded, starts, lens, window, hd**-0.5), hd)
-    ref = _reference(q, k16.float(), v16.float(), tables, _CHUNKS, window)
-    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    """Bitwise the result of the cache's fp32 widening, on every path of every build (the spans'
+    softmax in vectors at block sizes 4 and 16, scalar at 5 and 17: spans of 60 and 51 keys)."""
+    q, k16, v16, padded, starts, lens, expected = _bf16_case(hd, bs, window)
+    w = -1 if window is None else window
+    out = build.paged_prefill(q, k16, v16, padded, starts, lens, hd**-0.5, w)
+    widened = build.paged_prefill(q, k16.float(), v16.float(), padded, starts, lens, hd**-0.5, w)
+    assert torch.equal(out, widened)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
     with pytest.raises(RuntimeError, match="both the same"):
-        _run(q, k16, v_cache, padded, starts, lens, window, hd**-0.5)
+        build.paged_prefill(q, k16, v16.float(), padded, starts, lens, hd**-0.5, w)
 
 
 def _backend_step(

@@ -4,11 +4,19 @@
 // attention streams the whole cache every step; bf16 halves the bytes it reads.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
 #include "simd_avx2.h"
 #include "simd_avx512.h"
+
+// The torch op namespace these sources register in (torch.ops.conveyor). A second build of them
+// for another instruction set, loaded beside this one (the tests build the AVX2 and scalar paths on
+// an AVX-512 machine), passes -DCONVEYOR_OPS=another: one name cannot be registered twice.
+#ifndef CONVEYOR_OPS
+#define CONVEYOR_OPS conveyor
+#endif
 
 namespace conveyor_kv {
 
@@ -20,6 +28,19 @@ inline float to_float(bf16_bits x) {
   float f;
   std::memcpy(&f, &u, sizeof f);
   return f;
+}
+
+// acc + a * b for the scalar loops over cache elements, rounded once where the CPU has FMA (as the
+// vector paths' FMA lanes), else rounded twice (a compiler cannot fuse without FMA). Spelled out
+// because under GCC's default -ffp-contract=fast `acc += a * b` is fused or not at the compiler's
+// choice, and it chooses per instantiation: with AVX-512 it vectorizes the fp32 loop's products
+// unfused and fuses the bf16 loop's, and a bf16 cache then no longer reads as its fp32 widening.
+inline float madd(float a, float b, float acc) {
+#ifdef __FMA__
+  return std::fma(a, b, acc);
+#else
+  return a * b + acc;
+#endif
 }
 
 #ifdef CONVEYOR_SIMD_AVX512

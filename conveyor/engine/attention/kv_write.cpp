@@ -67,6 +67,6 @@ void write_kv(at::Tensor k, at::Tensor v, at::Tensor k_cache, at::Tensor v_cache
 }
 
 // A torch op (torch.ops.conveyor.write_kv), compiled into paged_decode.cpp's extension.
-TORCH_LIBRARY_FRAGMENT(conveyor, m) {
+TORCH_LIBRARY_FRAGMENT(CONVEYOR_OPS, m) {
   m.def("write_kv(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slots) -> ()", &write_kv);
 }

@@ -44,6 +44,7 @@
 namespace {
 
 using conveyor_kv::bf16_bits;
+using conveyor_kv::madd;
 using conveyor_kv::to_float;
 #ifdef CONVEYOR_SIMD_AVX2
 using conveyor_kv::load8;
@@ -137,7 +138,7 @@ inline void score_block(const float* q, const T* kt, int64_t bs, int64_t off, in
   for (int64_t g = 0; g < G; ++g)
     for (int64_t t = 0; t < n; ++t) {
       float acc = 0.f;
-      for (int64_t d = 0; d < D; ++d) acc += q[g * D + d] * to_float(kt[d * bs + off + t]);
+      for (int64_t d = 0; d < D; ++d) acc = madd(q[g * D + d], to_float(kt[d * bs + off + t]), acc);
       s[g * ld + t] = acc;
     }
 }
@@ -235,7 +236,7 @@ inline void accumulate(float* o, const float* p, const T* v, int64_t stride, int
 #endif
     for (; d < D; ++d) {
       float acc = og[d];
-      for (int64_t t = 0; t < n; ++t) acc += pg[t] * to_float(v[t * stride + d]);
+      for (int64_t t = 0; t < n; ++t) acc = madd(pg[t], to_float(v[t * stride + d]), acc);
       og[d] = acc;
     }
   }
@@ -456,7 +457,7 @@ void paged_decode_into(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at:
   paged_decode(q, k_cache, v_cache, tables, context, scale, window, kPartition, out);
 }
 
-TORCH_LIBRARY_FRAGMENT(conveyor, m) {
+TORCH_LIBRARY_FRAGMENT(CONVEYOR_OPS, m) {
   m.def("paged_decode_into(Tensor q, Tensor k_cache, Tensor v_cache, Tensor tables, Tensor context, float scale, "
         "int window, Tensor(a!) out) -> ()",
         &paged_decode_into);

@@ -35,6 +35,7 @@
 namespace {
 
 using conveyor_kv::bf16_bits;
+using conveyor_kv::madd;
 using conveyor_kv::to_float;
 #ifdef CONVEYOR_SIMD_AVX2
 using conveyor_kv::load8;
@@ -190,7 +191,7 @@ void scores(const float* q, const T* kt, int64_t N, int64_t D, int64_t bs, int64
   for (int64_t n = 0; n < N; ++n)
     for (int64_t t = 0; t < bs; ++t) {
       float acc = 0.f;
-      for (int64_t d = 0; d < D; ++d) acc += q[n * D + d] * to_float(kt[d * bs + t]);
+      for (int64_t d = 0; d < D; ++d) acc = madd(q[n * D + d], to_float(kt[d * bs + t]), acc);
       s[n * ld + t] = acc;
     }
 }
@@ -278,7 +279,7 @@ void values(float* o, const float* p, const T* const* vrow, const int64_t* a, co
     for (int64_t n = n0; n <= n1; ++n)  // dimensions left over (D not a multiple of 32)
       for (int64_t dd = d; dd < D; ++dd) {
         float acc = o[n * D + dd];
-        for (int64_t t = ta; t < te; ++t) acc += p[n * L + t] * to_float(vrow[t][dd]);
+        for (int64_t t = ta; t < te; ++t) acc = madd(p[n * L + t], to_float(vrow[t][dd]), acc);
         o[n * D + dd] = acc;
       }
   }
@@ -419,7 +420,7 @@ void paged_prefill(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Ten
 
 // Registered as a torch op (torch.ops.conveyor.paged_prefill) rather than a pybind function: it is
 // compiled into the same extension as paged_decode.cpp, which owns the module's PYBIND11_MODULE.
-TORCH_LIBRARY_FRAGMENT(conveyor, m) {
+TORCH_LIBRARY_FRAGMENT(CONVEYOR_OPS, m) {
   m.def("paged_prefill(Tensor q, Tensor k_cache, Tensor v_cache, Tensor tables, Tensor starts, Tensor lens, "
         "float scale, int window, Tensor(a!) out) -> ()",
         &paged_prefill);
