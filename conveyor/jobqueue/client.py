@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 import redis as sync_redis
 from redis.asyncio import Redis
-from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.exceptions import RedisError
 
 from conveyor.settings import Settings
@@ -25,6 +25,11 @@ from conveyor.settings import Settings
 log = logging.getLogger(__name__)
 
 PROBE_TIMEOUT_S = 5.0
+
+
+def cluster_of(redis: object) -> bool:
+    """Whether a client, or a pipeline of one, talks to a Redis Cluster."""
+    return isinstance(redis, RedisCluster | ClusterPipeline)
 
 
 def split_url(url: str) -> tuple[str, list[tuple[str, int]]]:

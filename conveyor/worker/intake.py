@@ -20,9 +20,9 @@ from pydantic import ValidationError
 from redis.asyncio import Redis
 
 from conveyor.jobqueue.keys import Keys
-from conveyor.jobqueue.live import publish_live
+from conveyor.jobqueue.pubsub.publish import publish_live
 from conveyor.jobqueue.queue import EntryRef
-from conveyor.jobqueue.scripts import Scripts
+from conveyor.jobqueue.scripts.worker import Scripts
 from conveyor.wire.job import JobEvent, JobResult, JobSpec, JobStatus, RecordField, Usage
 from conveyor.worker.choices import Choices
 from conveyor.worker.engine_thread import AddCommand

@@ -17,7 +17,7 @@ from redis.asyncio import Redis
 
 from conveyor.jobqueue.keys import WORKER_GROUP, Keys
 from conveyor.jobqueue.queue import EntryRef, by_stream
-from conveyor.jobqueue.scripts import Scripts
+from conveyor.jobqueue.scripts.worker import Scripts
 from conveyor.wire.heartbeat import WorkerInfo
 from conveyor.worker.intake import Entry
 

@@ -17,7 +17,7 @@ from redis.asyncio.client import Pipeline
 
 from conveyor.jobqueue.keys import DEAD_LETTER_MAXLEN, WORKER_GROUP, Keys, event_entry_id
 from conveyor.jobqueue.queue import EntryRef, by_stream
-from conveyor.jobqueue.scripts import Scripts
+from conveyor.jobqueue.scripts.worker import Scripts
 from conveyor.wire.job import JobEvent, JobResult
 from conveyor.worker.owned import InFlight
 

@@ -29,7 +29,7 @@ from redis.asyncio import Redis
 
 from conveyor.jobqueue.bands import read_order, shard_order
 from conveyor.jobqueue.keys import WORKER_GROUP, Keys
-from conveyor.jobqueue.scripts import Scripts
+from conveyor.jobqueue.scripts.worker import Scripts
 from conveyor.worker.intake import Entry
 from conveyor.worker.placement import WorkerAffinity
 
