@@ -26,6 +26,7 @@ from pydantic import BaseModel, Field
 from conveyor.api.auth import Auth, is_admin, tenant
 from conveyor.api.context import ApiContext
 from conveyor.api.errors import NotFound
+from conveyor.api.fleet import live_workers
 from conveyor.api.openapi import error_responses
 from conveyor.jobqueue.scripts.jobs import JOB_STATS
 from conveyor.wire.heartbeat import WorkerInfo
@@ -143,8 +144,6 @@ async def job_counts(ctx: ApiContext, now: float) -> JobCounts:
 async def overview(request: Request, caller: str = Depends(tenant)) -> Overview:
     """What the console's overview shows: the queue's depth (as /metrics computes it), the live workers
     (their heartbeats), and the jobs of the last minutes (fleet-wide counts, no tenant's data)."""
-    from conveyor.api.app import live_workers  # the app imports this module: read the heartbeats its way
-
     ctx = ApiContext.of(request)
     auth: Auth = request.app.state.auth
     admin = is_admin(auth, caller, ctx.settings)
