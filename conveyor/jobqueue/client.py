@@ -5,7 +5,7 @@ password and query as usual; a cluster has only db 0). Cluster mode is the `redi
 unset, it is detected: several hosts in the URL mean a cluster, else the first host is asked
 (`INFO cluster`, which a single node answers too). On a cluster the client is redis-py's
 `RedisCluster`: it routes each command by its key's hash slot and splits a non-transactional
-pipeline by node. Conveyor's multi-key commands and scripts each touch one slot (tests/test_slots.py).
+pipeline by node. Conveyor's multi-key commands and scripts each touch one slot (tests/worker/test_slots.py).
 """
 
 from __future__ import annotations
