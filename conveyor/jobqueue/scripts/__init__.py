@@ -9,8 +9,10 @@
 Each script touches the keys of one hash slot (the keys it declares, and a job's channel, which
 carries the job's hash tag), so the layout runs on Redis Cluster (tests/worker/test_slots.py).
 A script called on its own is registered with `redis.register_script(script.source)` (redis-py sends
-EVALSHA and loads it on NOSCRIPT); one called inside a pipeline is sent as an EVALSHA command after
-a SCRIPT LOAD (`worker.Scripts`), because redis-py's cluster pipeline refuses its script helpers.
+EVALSHA and loads it on NOSCRIPT). Inside a pipeline redis-py's cluster pipeline refuses its script
+helpers, so a script is sent as an EVALSHA command after a SCRIPT LOAD (`worker.Scripts`, which loads
+again on NOSCRIPT; the console's overview), or whole with EVAL where the pipeline is the api's submit
+(ENQUEUE: nothing there reloads a lost script).
 """
 
 from __future__ import annotations
