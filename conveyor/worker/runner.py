@@ -27,7 +27,7 @@ from redis.asyncio import Redis
 from conveyor.engine.engine import Engine
 from conveyor.jobqueue.keys import Keys
 from conveyor.jobqueue.queue import ensure_group
-from conveyor.jobqueue.scripts import Scripts
+from conveyor.jobqueue.scripts.worker import Scripts
 from conveyor.settings import Settings
 from conveyor.telemetry.tracing import Tracing
 from conveyor.webhooks.enqueue import webhook_queue

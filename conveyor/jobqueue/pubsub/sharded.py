@@ -1,12 +1,11 @@
 """The relay's live events on Redis Cluster: sharded pub/sub, one connection per node.
 
-A job's channel is a shard channel (SPUBLISH, conveyor/jobqueue/live.py), delivered only by the node that
-owns its hash slot, so the relay needs a connection to each node it has listeners on. redis-py's
-ClusterPubSub keeps one such connection per node too, but reads them in turn, each with the
-timeout given (an event on the third node waits out the first two); here each node's connection is
-one `Subscriptions` (conveyor/jobqueue/subscriptions.py) with its own reader, so the reconnect, resync and
-liveness
-logic is the same as on one server. Channels are routed by redis-py's slot map
+A job's channel is a shard channel (SPUBLISH, conveyor/jobqueue/pubsub/publish.py), delivered only by
+the node that owns its hash slot, so the relay needs a connection to each node it has listeners on.
+redis-py's ClusterPubSub keeps one such connection per node too, but reads them in turn, each with
+the timeout given (an event on the third node waits out the first two); here each node's connection
+is one `Subscriptions` (conveyor/jobqueue/pubsub/subscriptions.py) with its own reader, so the
+reconnect, resync and liveness logic is the same as on one server. Channels are routed by redis-py's slot map
 (`RedisCluster.get_node_from_key`) when their first listener comes.
 """
 
@@ -17,7 +16,7 @@ from collections.abc import Callable
 from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 
-from conveyor.jobqueue.subscriptions import Listener, Subscriptions
+from conveyor.jobqueue.pubsub.subscriptions import Listener, Subscriptions
 from conveyor.wire.job import JobEvent
 
 OnEvent = Callable[[JobEvent], object] | None

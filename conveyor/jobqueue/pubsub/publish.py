@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from redis.asyncio.cluster import ClusterPipeline, RedisCluster
+from conveyor.jobqueue.client import cluster_of
+from conveyor.jobqueue.scripts import PublishCommand
 
 
-def cluster_of(redis: object) -> bool:
-    """Whether a client, or a pipeline of one, talks to a Redis Cluster."""
-    return isinstance(redis, RedisCluster | ClusterPipeline)
+def live_publish_command(redis: object) -> PublishCommand:
+    """The command that publishes a job's live events through `redis` (a client or its pipeline).
+    The scripts that publish are built with it (conveyor/jobqueue/scripts/): inside a script,
+    SPUBLISH needs the channel in the slot of the script's keys, which a job's channel is."""
+    return "SPUBLISH" if cluster_of(redis) else "PUBLISH"
 
 
 def publish_live(pipe: Any, channel: str, message: str) -> None:
@@ -24,12 +27,3 @@ def publish_live(pipe: Any, channel: str, message: str) -> None:
         pipe.spublish(channel, message)
     else:
         pipe.publish(channel, message)
-
-
-def live_script(source: str, redis: object) -> str:
-    """A Lua script's source with its live publishes made sharded on a cluster. The scripts name
-    the command as `redis.call('PUBLISH', <job channel>, ...)`; the channel shares the slot of the
-    script's keys, as SPUBLISH inside a script requires."""
-    if not cluster_of(redis):
-        return source
-    return source.replace("redis.call('PUBLISH',", "redis.call('SPUBLISH',")

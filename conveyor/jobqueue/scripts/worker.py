@@ -1,10 +1,11 @@
 """The worker's Lua scripts: the few writes that must check ownership and act in one step.
 
 Each script touches the keys of one job (same hash tag) or of one jobs shard (its band streams
-share a hash tag), so the layout keeps working on Redis Cluster; there the live PUBLISH is SPUBLISH
-(conveyor/jobqueue/live.py). Scripts are loaded once and called with EVALSHA inside the step pipeline; if
-Redis lost its script cache (a restart), `execute` loads them again and re-runs the pipeline, which
-is safe because every write in it is idempotent (event IDs follow the token index).
+share a hash tag), so the layout keeps working on Redis Cluster; there APPEND publishes with
+SPUBLISH (conveyor/jobqueue/pubsub/publish.py). Scripts are loaded once and called with EVALSHA
+inside the step pipeline; if Redis lost its script cache (a restart), `execute` loads them again and
+re-runs the pipeline, which is safe because every write in it is idempotent (event IDs follow the
+token index).
 """
 
 from __future__ import annotations
@@ -17,18 +18,20 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import NoScriptError
 
-from conveyor.jobqueue.live import live_script
+from conveyor.jobqueue.pubsub.publish import live_publish_command
+from conveyor.jobqueue.scripts import PublishCommand, Script
 from conveyor.wire.job import JobStatus as S
 from conveyor.wire.job import RecordField as F
 
 log = logging.getLogger(__name__)
 
-# KEYS: job record. ARGV: worker id, deliveries, may start (0/1), deadline passed (0/1), now.
 # Takes ownership of the job (the fence APPEND checks) and, unless it is cancelled, ended or expired
 # in the queue, marks it running — atomically, so the api cannot end it as queued meanwhile.
-# Returns the record's status before, cancel flag, started_at, first_token_at, seed; nil if the
-# record is gone.
-TAKE = f"""
+TAKE = Script(
+    keys=("job record",),
+    argv=("worker id", "deliveries", "may start (0/1)", "deadline passed (0/1)", "now"),
+    returns="{status before, cancel flag, {started_at, first_token_at, seed}}; nil if the record is gone",
+    source=f"""
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
 redis.call('HSET', KEYS[1], '{F.WORKER}', ARGV[1], '{F.ATTEMPTS}', ARGV[2])
 local status = redis.call('HGET', KEYS[1], '{F.STATUS}')
@@ -39,20 +42,25 @@ if ARGV[3] == '1' and not cancel and (status == '{S.RUNNING}' or waiting) then
   redis.call('HSETNX', KEYS[1], '{F.STARTED_AT}', ARGV[5])
 end
 return {{status, cancel, redis.call('HMGET', KEYS[1], '{F.STARTED_AT}', '{F.FIRST_TOKEN_AT}', '{F.SEED}')}}
-"""
+""",
+)
 
-# KEYS: job record, job event stream. ARGV: worker id, entry id, event JSON, maxlen, channel, now,
-# first token (0/1), final (0/1), status, result JSON, ttl.
-# Appends one event if this worker still owns the job: XADD (the ID follows the index, so a
-# duplicate is refused) + PUBLISH; milestones; on the final event the record and the TTLs.
-# Returns 0: not the owner (another worker took the job over), 1: written, 2: was already there.
-APPEND = f"""
+
+def append(publish: PublishCommand) -> Script:
+    """Appends one event if this worker still owns the job: XADD (the ID follows the index, so a
+    duplicate is refused) + the live publish; milestones; on the final event the record and the TTLs."""
+    return Script(
+        keys=("job record", "job event stream"),
+        argv=("worker id", "entry id", "event JSON", "maxlen", "job channel", "now", "first token (0/1)",
+              "final (0/1)", "status", "result JSON", "ttl"),
+        returns="0: not the owner (another worker took the job over), 1: written, 2: was already there",
+        source=f"""
 if redis.call('HGET', KEYS[1], '{F.WORKER}') ~= ARGV[1] then return 0 end
 local added = redis.pcall('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], ARGV[2], 'e', ARGV[3])
 if type(added) == 'table' and added.err then
   if ARGV[8] ~= '1' then return 2 end
 else
-  redis.call('PUBLISH', ARGV[5], ARGV[3])
+  redis.call('{publish}', ARGV[5], ARGV[3])
 end
 if ARGV[7] == '1' then redis.call('HSETNX', KEYS[1], '{F.FIRST_TOKEN_AT}', ARGV[6]) end
 if ARGV[8] == '1' then
@@ -61,13 +69,18 @@ if ARGV[8] == '1' then
   redis.call('EXPIRE', KEYS[2], ARGV[11])
 end
 return 1
-"""
+""",
+    )
 
-# KEYS: jobs stream. ARGV: group, worker id, mode (renew | release), idle ms, entry ids...
+
 # For each entry still pending for this worker: renew resets its idle time (the lease); release
 # makes it idle past the lease at once, and takes back this delivery's count (a graceful hand-off
-# is not a failed attempt). Returns the entries this worker no longer owns.
-KEEP = """
+# is not a failed attempt).
+KEEP = Script(
+    keys=("jobs stream",),
+    argv=("group", "worker id", "mode (renew | release)", "idle ms", "entry ids..."),
+    returns="the entries this worker no longer owns",
+    source="""
 local lost = {}
 for i = 5, #ARGV do
   local id = ARGV[i]
@@ -84,17 +97,20 @@ for i = 5, #ARGV do
   end
 end
 return lost
-"""
+""",
+)
 
-# KEYS: the streams of one shard (one hash tag), in the order to read them: the first `free` ones (this
-# worker's own stream if `own` is 1, then the bands) read at once, the rest (other workers' own streams,
-# prefix-affinity placement) only for entries that waited `wait` ms there unread (Redis's clock: entry
-# ids are its milliseconds). ARGV: group, consumer, count, free, wait ms, own (0/1).
 # Reads new entries (XREADGROUP >, no BLOCK) from each stream in turn until `count` are read, so a
-# worker takes exactly what it has room for, from the first streams first, in one round trip.
-# Returns {{stream, entries} for each stream read from}, the ms until an unread entry of another
-# worker's stream may be taken (-1: none waits), and the own stream's last delivered id (or nil).
-READ = """
+# worker takes exactly what it has room for, from the first streams first, in one round trip. The
+# first `free` streams (this worker's own stream if `own` is 1, then the bands) are read at once,
+# the rest (other workers' own streams, prefix-affinity placement) only for entries that waited
+# `wait` ms there unread (Redis's clock: entry ids are its milliseconds).
+READ = Script(
+    keys=("the streams of one shard (one hash tag), in the order to read them...",),
+    argv=("group", "consumer", "count", "free", "wait ms", "own (0/1)"),
+    returns="{{stream, entries} for each stream read from}, the ms until an unread entry of another "
+            "worker's stream may be taken (-1: none waits), the own stream's last delivered id (or nil)",
+    source="""
 local function delivered(key)
   if redis.call('EXISTS', key) == 0 then return false end
   for _, g in ipairs(redis.call('XINFO', 'GROUPS', key)) do
@@ -138,32 +154,42 @@ end
 local seen = false
 if ARGV[6] == '1' then seen = delivered(KEYS[1]) end
 return {out, soonest, seen}
-"""
+""",
+)
 
-# KEYS: a worker's own stream, its shard's owners set. ARGV: group, worker id.
 # The fleet cleans up after a gone worker: deletes its stream, and its name from the set, only if
 # nothing is queued or pending there. Atomic with the api's enqueue (which falls back to the shared
 # stream once the own stream is gone), so no job is ever left on a stream nobody reads.
-FORGET = """
+FORGET = Script(
+    keys=("a worker's own stream", "its shard's owners set"),
+    argv=("group", "worker id"),
+    returns="1: forgotten, 0: something is still queued or pending there",
+    source="""
 if redis.call('XLEN', KEYS[1]) > 0 then return 0 end
 local p = redis.pcall('XPENDING', KEYS[1], ARGV[1])
 if type(p) == 'table' and not p.err and tonumber(p[1]) > 0 then return 0 end
 redis.call('DEL', KEYS[1])
 redis.call('SREM', KEYS[2], ARGV[2])
 return 1
-"""
+""",
+)
 
-_SOURCES = {"take": TAKE, "append": APPEND, "keep": KEEP, "read": READ, "forget": FORGET}
+
+def worker_scripts(publish: PublishCommand) -> dict[str, Script]:
+    """The worker's scripts by name, APPEND publishing with `publish`."""
+    return {"take": TAKE, "append": append(publish), "keep": KEEP, "read": READ, "forget": FORGET}
 
 
 class Scripts:
+    """The worker's scripts on one client: loaded once, called with EVALSHA inside a pipeline."""
+
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
         self._sha: dict[str, str] = {}
 
     async def load(self) -> None:
-        for name, source in _SOURCES.items():
-            self._sha[name] = await self.redis.script_load(live_script(source, self.redis))
+        for name, script in worker_scripts(live_publish_command(self.redis)).items():
+            self._sha[name] = await self.redis.script_load(script.source)
 
     def call(self, pipe: Pipeline, name: str, keys: list[str], args: list[Any]) -> None:
         # Not pipe.evalsha: redis-py's cluster pipeline refuses that method, not the command (it

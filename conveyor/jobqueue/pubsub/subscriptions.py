@@ -10,7 +10,7 @@ after the last index it delivered. An idle connection is pinged, so a server tha
 since when (the relay ends streams that wait longer than its outage timeout).
 
 `sharded`: the job channels are shard channels (SSUBSCRIBE, on Redis Cluster), this connection one
-node's; conveyor/jobqueue/shard_subscriptions.py keeps one such Subscriptions per node. The control channel
+node's; conveyor/jobqueue/pubsub/sharded.py keeps one such Subscriptions per node. The control channel
 stays classic.
 """
 
