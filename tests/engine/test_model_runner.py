@@ -47,10 +47,11 @@ def llama() -> LlamaForCausalLM:
 
 
 def _runner(
-    hf: torch.nn.Module, block_size: int = 4, num_blocks: int = 512, kv_cache_dtype: str = "auto"
+    hf: torch.nn.Module, block_size: int = 4, num_blocks: int = 512, kv_cache_dtype: str = "auto",
+    gemm_dtype: str = "auto",
 ) -> ModelRunner:
     config = EngineConfig(block_size=block_size, num_blocks=num_blocks, device="cpu")
-    config.kv_cache_dtype = kv_cache_dtype
+    config.kv_cache_dtype, config.gemm_dtype = kv_cache_dtype, gemm_dtype
     return ModelRunner(hf, config)
 
 
@@ -185,7 +186,7 @@ def test_logits_do_not_depend_on_the_batch(llama: LlamaForCausalLM) -> None:
     # (different row counts, neighbours with longer contexts in the same attention call).
     alone = _trace(_runner(llama), [11], 5)
     for others in ([3], [20, 5], [7] * 20, [2, 40, 9, 9, 1]):
-        together = _trace(_runner(llama), [11, *others], 5)
+        together = _trace(_runner(llama, gemm_dtype="bfloat16"), [11, *others], 5)
         assert all(torch.equal(a, b) for a, b in zip(alone, together, strict=True)), others
 
 
@@ -320,13 +321,13 @@ def test_kv_cache_dtype_refusals_name_the_fix() -> None:
 
 
 def test_bf16_gemms_keep_logits_independent_of_the_batch(llama: LlamaForCausalLM, bf16_gemms: None) -> None:
-    """CONVEYOR_CPU_GEMM=bf16: other numbers than fp32's, close to them, and still the same bits
+    """gemm_dtype bfloat16: other numbers than fp32's, close to them, and still the same bits
     for a sequence whatever runs beside it."""
-    runner = _runner(llama)
+    runner = _runner(llama, gemm_dtype="bfloat16")
     assert runner.model.layers[0].qkv.bf16 and not runner.model.lm_head.bf16
     alone = _trace(runner, [11], 5)
     for others in ([3], [7] * 20, [2, 40, 9, 9, 1]):
-        together = _trace(_runner(llama), [11, *others], 5)
+        together = _trace(_runner(llama, gemm_dtype="bfloat16"), [11, *others], 5)
         assert all(torch.equal(a, b) for a, b in zip(alone, together, strict=True)), others
     fp32 = _reference(llama, _prompt(11, random.Random(3)))  # _trace's first prompt, prefilled
     assert not torch.equal(alone[0], fp32)

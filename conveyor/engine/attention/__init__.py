@@ -1,4 +1,8 @@
-"""Attention over the paged KV cache, one backend per device kind.
+"""Attention over the paged KV cache, one backend per device kind, chosen here (select_attention).
+
+cpu.py: the C++ kernels on CPU; flash.py and triton_paged.py: CUDA's; torch_paged.py: plain torch
+on any device, the fallback of the others. The model asks its backend through AttentionBackend
+(and native_plan) only, and imports none of them.
 
 A step's batch is flattened without padding: the decode rows (one query each) come first, then the
 prefill chunks one after another. `AttentionBatch` says where each sequence's rows are and what
@@ -52,6 +56,20 @@ class AttentionBatch:
     slots: torch.Tensor  # [num_tokens] long, on device: cache slot of each new token
 
 
+@dataclass(frozen=True, slots=True)
+class NativePlan:
+    """A step's attention for the model's C++ layer loop (conveyor/engine/native/layer_loop.cpp): the
+    decode rows through the paged decode kernel, then every prefill chunk in one paged prefill call."""
+
+    slots: torch.Tensor  # [rows] int64
+    decode_tables: torch.Tensor | None  # [decode rows, max_blocks] int32; None: no decode rows
+    context: torch.Tensor | None  # [decode rows] int32
+    prefill_tables: torch.Tensor | None  # [chunks, max_blocks] int32, rows after the decode rows; None: none
+    starts: torch.Tensor | None
+    lens: torch.Tensor | None
+    scale: float
+
+
 class AttentionBackend(Protocol):
     name: str
     supports_graphs: bool  # its pure-decode forward can be captured in a CUDA graph
@@ -78,6 +96,13 @@ class AttentionBackend(Protocol):
         ...
 
 
+def native_plan(backend: AttentionBackend, meta: Any) -> NativePlan | None:
+    """The step's attention as the C++ layer loop can run it, from a backend that offers one (an
+    optional method: only the CPU kernels' backend has it), else None."""
+    plan = getattr(backend, "native_plan", None)
+    return None if plan is None else plan(meta)
+
+
 def flash_unavailable_reason(geometry: AttentionGeometry) -> str | None:
     """Why flash-attn's paged kernels cannot serve this geometry, or None when they can."""
     if geometry.device.type != "cuda":
@@ -95,7 +120,8 @@ ATTENTION_CHOICES = ("auto", "flash-attn", "triton", "torch")
 
 def select_attention(geometry: AttentionGeometry, choice: str = "auto") -> AttentionBackend:
     """The backend `choice` names; `auto`: on CUDA flash-attn when it can run, else the Triton
-    kernels, else plain torch (with a warning); elsewhere plain torch (with the C++ kernels on CPU)."""
+    kernels, else plain torch (with a warning); on CPU the C++ kernels where they are built, else
+    plain torch; `torch`: plain torch on any device."""
     from conveyor.engine.attention.triton_paged import triton_unavailable_reason
 
     if choice not in ATTENTION_CHOICES:
@@ -105,6 +131,13 @@ def select_attention(geometry: AttentionGeometry, choice: str = "auto") -> Atten
         choice = "flash-attn" if flash is None else "triton" if triton is None else "torch"
         if choice == "torch":
             logger.warning("using torch attention on CUDA, which is much slower: %s; %s", flash, triton)
+    if choice == "auto" and geometry.device.type == "cpu":
+        from conveyor.engine.attention.cpu import CpuAttention, cpu_unavailable_reason
+
+        # Built (or loaded from its cache) here, at startup, rather than inside the first step.
+        if (reason := cpu_unavailable_reason(geometry)) is None:
+            return CpuAttention(geometry)
+        logger.info("using torch attention on CPU: %s", reason)
     if choice == "flash-attn":
         if (reason := flash_unavailable_reason(geometry)) is not None:
             raise ValueError(f"attention flash-attn cannot run: {reason}; use --attention auto")
