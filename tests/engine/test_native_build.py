@@ -81,3 +81,26 @@ def test_two_checkouts_of_the_same_sources_share_one_build(tmp_path: Path) -> No
 @pytest.mark.parametrize("ext", extensions.EXTENSIONS, ids=lambda e: e.name)
 def test_every_extensions_files_are_in_the_native_folder(ext: extensions.Extension) -> None:
     assert all((extensions.NATIVE_DIR / name).is_file() for name in ext.files)
+
+
+def test_conveyor_kernels_reports_each_extension_and_names_the_fix(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from conveyor.launcher.cli import main
+
+    built: list[str] = []
+
+    def build(ext: extensions.Extension, source_dir: Path = extensions.NATIVE_DIR) -> object:
+        built.append(ext.name)
+        if ext is extensions.GREEDY:
+            raise RuntimeError("Error building extension 'conveyor_greedy'")
+        return object()
+
+    monkeypatch.setattr(extensions, "build", build)
+    monkeypatch.setenv("CXX", "no-such-c++")
+    with pytest.raises(SystemExit, match=r"could not build conveyor_greedy: .*apt-get install g\+\+"):
+        main(["kernels"])
+    assert built == [ext.name for ext in extensions.EXTENSIONS]  # a failure does not stop the others
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(extensions.EXTENSIONS)
+    assert "failed: no C++ compiler: 'no-such-c++' is not on PATH" in lines[1] and lines[0].endswith("s)")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from conveyor.engine.attention import AttentionBatch, AttentionGeometry, NativePlan
+from conveyor.engine.attention.base import AttentionBatch, AttentionGeometry, NativePlan
 from conveyor.engine.native import paged_attention
 from conveyor.engine.workspace import Workspace
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from conveyor.engine.attention import AttentionBatch, AttentionGeometry
+from conveyor.engine.attention.base import AttentionBatch, AttentionGeometry
 from conveyor.engine.workspace import Workspace
 
 # Decode rows per gather: the group's gathered K and V should still be in cache when SDPA reads
