@@ -17,8 +17,10 @@ from conveyor.engine.params import StoppingParams
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir: Path) -> Engine:
-    return Engine.from_pretrained(tiny_model_dir, EngineConfig(num_blocks=64, block_size=16, device="cpu",
-                                                              dtype="float32"))
+    # No prefix caching: every test runs the same prompts, and each should prefill them in full.
+    config = EngineConfig(num_blocks=64, block_size=16, device="cpu", dtype="float32",
+                          enable_prefix_caching=False)
+    return Engine.from_pretrained(tiny_model_dir, config)
 
 
 class Recorder:
