@@ -1,4 +1,4 @@
-"""conveyor/engine/model/fused_ops.cpp against the torch ops the Llama forward ran before it (and still runs
+"""conveyor/engine/native/fused_ops.cpp against the torch ops the Llama forward ran before it (and still runs
 without a compiler): rope bit for bit, silu_and_mul bit for bit where torch's vectorised kernel
 runs (rows a multiple of 32 long, as every supported model's MLP is) and within 2 ulps in torch's
 scalar tail, F.rms_norm bit for bit against the five-op norm, and the fused rms_norm bit for bit
