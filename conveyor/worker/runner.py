@@ -203,7 +203,7 @@ class Worker:
 
 def _dtype(runner: object) -> str:
     """The worker's dtype as /info and the console show it: e.g. `float32`, or `float32 (bfloat16
-    GEMMs)` under CONVEYOR_CPU_GEMM=bf16 (no comma: /info joins differing workers' with commas)."""
+    GEMMs)` under --gemm-dtype bfloat16 (no comma: /info joins differing workers' with commas)."""
     name = str(getattr(runner, "dtype", "")).removeprefix("torch.")
     gemm = getattr(runner, "gemm_dtype_name", "")
     return f"{name} ({gemm} GEMMs)" if gemm else name

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import functools
 import platform
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
 
-from conveyor.engine import native_build
-from conveyor.engine.attention import cpu_kernel
+from conveyor.engine.native import extensions, paged_attention
 
 # isa -> the -march it is built with (None: the engine's own build, -march=native).
 MARCH: dict[str, str | None] = {"native": None, "avx2": "x86-64-v3", "scalar": "x86-64"}
@@ -65,19 +64,17 @@ def skip_reason(isa: str) -> str | None:
 
 @functools.cache
 def _load(isa: str) -> KernelBuild:
-    sources = [cpu_kernel._SOURCE, cpu_kernel._PREFILL, cpu_kernel._WRITE]
-    build = cpu_kernel.build_dir(f"paged_decode_{isa}", [*sources, *cpu_kernel._HEADERS])
     namespace = f"conveyor_{isa}"
-    flags = ["-O3", f"-march={MARCH[isa]}", "-fopenmp", f"-DCONVEYOR_OPS={namespace}"]
-    module = native_build.load(f"conveyor_paged_decode_{isa}", sources, build, flags)
-    return KernelBuild(isa, module, namespace)
+    variant = replace(extensions.ATTENTION, name=f"conveyor_paged_decode_{isa}",
+                      cflags=("-O3", f"-march={MARCH[isa]}", "-fopenmp", f"-DCONVEYOR_OPS={namespace}"))
+    return KernelBuild(isa, extensions.build(variant), namespace)
 
 
 def kernel_build(isa: str) -> KernelBuild:
     """`isa`'s build (the caller has the native one: the `kernel` fixture); skips with the reason
     where this machine cannot run it or runs it as its native build."""
     if isa == "native":
-        return KernelBuild(isa, cpu_kernel.load(), "conveyor")
+        return KernelBuild(isa, paged_attention.load(), "conveyor")
     reason = skip_reason(isa)
     if reason is not None:
         pytest.skip(reason)

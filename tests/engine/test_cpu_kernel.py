@@ -12,8 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conveyor.engine.attention import AttentionGeometry, cpu_kernel
-from conveyor.engine.attention.torch_paged import TorchAttention, keys_by_token
+from conveyor.engine.attention import AttentionGeometry, select_attention
+from conveyor.engine.attention.torch_paged import keys_by_token
+from conveyor.engine.native import extensions
+from conveyor.engine.native import paged_attention as cpu_kernel
 from tests.engine.kernel_builds import KernelBuild, cpu_flags, each_build  # noqa: F401 - the fixture
 
 
@@ -214,16 +216,12 @@ def _geometry() -> AttentionGeometry:
     return AttentionGeometry(4, 2, 16, 4, 32, torch.device("cpu"), torch.float32)
 
 
-def test_env_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(cpu_kernel.ENV, "torch")
-    cpu_kernel.load.cache_clear()
-    try:
-        assert cpu_kernel.load() is None
-        assert f"turned off by {cpu_kernel.ENV}=torch" in str(cpu_kernel.unavailable_reason())
-        assert not TorchAttention(_geometry()).kernel
-    finally:
-        monkeypatch.delenv(cpu_kernel.ENV)
-        cpu_kernel.load.cache_clear()
+@needs_kernel
+def test_the_cpu_backend_is_chosen_on_cpu_and_torch_turns_it_off() -> None:
+    assert select_attention(_geometry()).name == "cpu"
+    assert select_attention(_geometry(), "torch").name == "torch"  # --attention torch: no C++ kernels
+    bf16_model = AttentionGeometry(4, 2, 16, 4, 32, torch.device("cpu"), torch.bfloat16)
+    assert select_attention(bf16_model).name == "torch"  # the kernels take fp32 queries
 
 
 def test_build_failure_falls_back(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
@@ -232,19 +230,18 @@ def test_build_failure_falls_back(monkeypatch: pytest.MonkeyPatch, caplog: pytes
     def broken(**_: object) -> None:
         raise RuntimeError("Error building extension: g++: command not found")
 
-    monkeypatch.delenv(cpu_kernel.ENV, raising=False)
     monkeypatch.setenv("CXX", sys.executable)  # a "compiler" that exists: the build's error is the reason
     monkeypatch.setattr(cpp_extension, "load", broken)
-    cpu_kernel.load.cache_clear()
+    extensions.load.cache_clear()
     try:
         with caplog.at_level(logging.WARNING):
-            assert not TorchAttention(_geometry()).kernel
+            assert select_attention(_geometry()).name == "torch"
         assert "apt-get install g++" in caplog.text
         reason = cpu_kernel.unavailable_reason()
         assert reason is not None and "g++: command not found" in reason and reason in caplog.text
     finally:
         monkeypatch.undo()
-        cpu_kernel.load.cache_clear()
+        extensions.load.cache_clear()
 
 
 def test_missing_compiler_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -253,16 +250,15 @@ def test_missing_compiler_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(**_: object) -> None:
         raise RuntimeError("Error building extension 'conveyor_paged_decode'")
 
-    monkeypatch.delenv(cpu_kernel.ENV, raising=False)
     monkeypatch.setenv("CXX", "no-such-c++")
     monkeypatch.setattr(cpp_extension, "load", broken)
-    cpu_kernel.load.cache_clear()
+    extensions.load.cache_clear()
     try:
         reason = cpu_kernel.unavailable_reason()
-        assert reason == f"no C++ compiler: 'no-such-c++' is not on PATH; {cpu_kernel.INSTALL_HINT}"
+        assert reason == f"no C++ compiler: 'no-such-c++' is not on PATH; {extensions.INSTALL_HINT}"
     finally:
         monkeypatch.undo()
-        cpu_kernel.load.cache_clear()
+        extensions.load.cache_clear()
 
 
 @needs_kernel

@@ -10,8 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conveyor.engine.attention import AttentionBatch, AttentionGeometry, cpu_kernel
+from conveyor.engine.attention import AttentionBatch, AttentionGeometry
+from conveyor.engine.attention.cpu import CpuAttention
 from conveyor.engine.attention.torch_paged import TorchAttention, keys_by_token
+from conveyor.engine.native import paged_attention as cpu_kernel
 from tests.engine.kernel_builds import KernelBuild, each_build  # noqa: F401 - the fixture
 from tests.engine.test_cpu_kernel import (
     BLOCK_SIZES,
@@ -184,14 +186,23 @@ def test_bf16_cache_reads_as_its_fp32_widening(
 
 
 def _backend_step(
-    monkeypatch: pytest.MonkeyPatch, choice: str, window: int | None, kv_dtype: torch.dtype = torch.float32
+    monkeypatch: pytest.MonkeyPatch, backend_class: type, window: int | None,
+    kv_dtype: torch.dtype = torch.float32,
 ) -> tuple[bool, torch.Tensor]:
-    """One mixed step (two decode rows, a fresh prompt, a chunk with start > 0) through
-    TorchAttention with CONVEYOR_CPU_ATTENTION=choice: (prefill kernel used, output)."""
-    monkeypatch.setenv(cpu_kernel.ENV, choice)
+    """One mixed step (two decode rows, a fresh prompt, a chunk with start > 0) through the
+    backend: (prefill kernel used, output)."""
+    calls = 0
+    real = cpu_kernel.paged_prefill
+
+    def counted(*args: object, **kwargs: object) -> torch.Tensor:
+        nonlocal calls
+        calls += 1
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cpu_kernel, "paged_prefill", counted)
     heads, kv, hd, bs, num_blocks = 9, 3, 64, 16, 40
     geometry = AttentionGeometry(heads, kv, hd, bs, num_blocks, torch.device("cpu"), torch.float32, kv_dtype)
-    backend = TorchAttention(geometry)
+    backend = backend_class(geometry)
     g = torch.Generator().manual_seed(3)
     k_cache = torch.randn(backend.cache_shape(), generator=g).to(kv_dtype)
     v_cache = torch.randn(backend.cache_shape(), generator=g).to(kv_dtype)
@@ -205,20 +216,16 @@ def _backend_step(
     qk = torch.randn(rows, heads + kv, hd, generator=g)  # strided views, as the model passes them
     q, k, v = qk[:, :heads], qk[:, heads:], torch.randn(rows, kv, hd, generator=g)
     meta = backend.prepare(batch)
-    return backend.prefill_kernel, backend.forward(q, k, v, k_cache, v_cache, meta, window)
+    out = backend.forward(q, k, v, k_cache, v_cache, meta, window)
+    monkeypatch.undo()
+    return calls > 0, out
 
 
 @needs_kernel
 @pytest.mark.parametrize("window", [None, 9])
 def test_backend_uses_kernel_and_matches_sdpa(monkeypatch: pytest.MonkeyPatch, window: int | None) -> None:
-    try:
-        cpu_kernel.load.cache_clear()
-        used, fast = _backend_step(monkeypatch, "kernel", window)
-        cpu_kernel.load.cache_clear()
-        skipped, slow = _backend_step(monkeypatch, "decode", window)
-    finally:
-        monkeypatch.undo()
-        cpu_kernel.load.cache_clear()
+    used, fast = _backend_step(monkeypatch, CpuAttention, window)
+    skipped, slow = _backend_step(monkeypatch, TorchAttention, window)
     assert used and not skipped
     torch.testing.assert_close(fast, slow, rtol=1e-4, atol=1e-5)
 
@@ -227,16 +234,9 @@ def test_backend_uses_kernel_and_matches_sdpa(monkeypatch: pytest.MonkeyPatch, w
 def test_backend_with_a_bf16_cache_matches_the_torch_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """A bfloat16 cache below fp32 queries: the kernels (decode and prefill) and the torch path
     (gather, widen, SDPA) see the same rounded keys and values, the step's own included."""
-    try:
-        cpu_kernel.load.cache_clear()
-        used, fast = _backend_step(monkeypatch, "kernel", None, torch.bfloat16)
-        cpu_kernel.load.cache_clear()
-        _, slow = _backend_step(monkeypatch, "torch", None, torch.bfloat16)
-        cpu_kernel.load.cache_clear()
-        _, fp32 = _backend_step(monkeypatch, "kernel", None)
-    finally:
-        monkeypatch.undo()
-        cpu_kernel.load.cache_clear()
+    used, fast = _backend_step(monkeypatch, CpuAttention, None, torch.bfloat16)
+    _, slow = _backend_step(monkeypatch, TorchAttention, None, torch.bfloat16)
+    _, fp32 = _backend_step(monkeypatch, CpuAttention, None)
     assert used and fast.dtype == torch.float32
     torch.testing.assert_close(fast, slow, rtol=1e-4, atol=1e-5)
     assert not torch.equal(fast, fp32)  # the rounding is real...
