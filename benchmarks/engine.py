@@ -1,14 +1,14 @@
 """Engine throughput against Hugging Face baselines, in one process, on the default model (fp32).
 
-    .venv/bin/python benchmarks/engine.py                 # both workloads, all three systems
-    .venv/bin/python benchmarks/engine.py --workload peer --skip-hf
-    .venv/bin/python benchmarks/engine.py --skip-hf --max-batch-prefill-tokens 4096,2048,4096  # A-B-A
-    .venv/bin/python benchmarks/engine.py --skip-hf --fused torch,kernel,kernel,torch     # A-B-B-A
-    .venv/bin/python benchmarks/engine.py --skip-hf --fused F.rms_norm,kernel,kernel,F.rms_norm  # the norm alone
-    .venv/bin/python benchmarks/engine.py --skip-hf --admission-order arrival,shortest,shortest,arrival
-    .venv/bin/python benchmarks/engine.py --skip-hf --workload single --min-rows exact,auto,auto,exact
-    .venv/bin/python benchmarks/engine.py --skip-hf --kv-cache-dtype auto,bfloat16,bfloat16,auto
-    .venv/bin/python benchmarks/engine.py --skip-hf --workload mixed --layer-loop python,cpp,cpp,python
+    python -m benchmarks.engine                 # both workloads, all three systems
+    python -m benchmarks.engine --workload peer --skip-hf
+    python -m benchmarks.engine --skip-hf --max-batch-prefill-tokens 4096,2048,4096  # A-B-A
+    python -m benchmarks.engine --skip-hf --fused torch,kernel,kernel,torch     # A-B-B-A
+    python -m benchmarks.engine --skip-hf --fused F.rms_norm,kernel,kernel,F.rms_norm  # the norm alone
+    python -m benchmarks.engine --skip-hf --admission-order arrival,shortest,shortest,arrival
+    python -m benchmarks.engine --skip-hf --workload single --min-rows exact,auto,auto,exact
+    python -m benchmarks.engine --skip-hf --kv-cache-dtype auto,bfloat16,bfloat16,auto
+    python -m benchmarks.engine --skip-hf --workload mixed --layer-loop python,cpp,cpp,python
 
 Workloads (all requests submitted at once):
   peer   64 requests, 256 random-token prompts, exactly 128 new tokens (EOS ignored): the workload
@@ -21,7 +21,7 @@ until its longest output), (c) this engine. Model FLOP utilisation = model FLOPs
 (2 × parameters used per token, per token processed; then also with attention's FLOPs added, as
 PaLM's MFU counts them: benchmarks/model_flops.py) ÷ the fp32 matmul peak measured here: the
 fastest of torch.mm (MKL) and oneDNN on a 2048 × 2048 matmul (the bf16 peak, oneDNN's, under
-CONVEYOR_CPU_GEMM=bf16: `CONVEYOR_CPU_GEMM=bf16 benchmarks/engine.py` measures that mode), measured
+CONVEYOR_CPU_GEMM=bf16: `CONVEYOR_CPU_GEMM=bf16 python -m benchmarks.engine` measures that mode), measured
 before the runs (each leg's line) and again after them (the closing table divides every leg by the
 higher reading). With several
 --max-batch-prefill-tokens the engine runs the workload once per budget, in that order, in one
@@ -47,18 +47,15 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.model_flops import attention_flops, flops_per_token  # noqa: E402
-from conveyor.engine.config import EngineConfig  # noqa: E402
-from conveyor.engine.engine import Engine  # noqa: E402
-from conveyor.engine.loader import resolve_model  # noqa: E402
-from conveyor.engine.model.linear import Linear, bf16_gemms  # noqa: E402
-from conveyor.engine.params import StoppingParams  # noqa: E402
+from benchmarks.model_flops import attention_flops, flops_per_token
+from conveyor.engine.config import EngineConfig
+from conveyor.engine.engine import Engine
+from conveyor.engine.loader import resolve_model
+from conveyor.engine.model.linear import Linear, bf16_gemms
+from conveyor.engine.params import StoppingParams
 
 
 @dataclass

@@ -15,11 +15,11 @@ Then vLLM's own client (`vllm bench serve`, peer workload) against (1a) and (2),
 keep-alives off (`--sse-keepalive-s 0`: that client jams on a lone SSE comment). Prints one table
 per workload, each figure's ratio to Conveyor's; a peer that cannot run is named, with why.
 
-    .venv/bin/python benchmarks/peers.py --out /tmp/peers-all            # everything (HF: all 64, slow)
-    .venv/bin/python benchmarks/peers.py --hf-num-prompts 16 --hf-workloads peer,mixed --no-vllm-client  # ~10 min
-    .venv/bin/python benchmarks/peers.py --workloads peer --systems conveyor,vllm --no-vllm-client
-    .venv/bin/python benchmarks/peers.py --dtype bf16 --systems conveyor,vllm --no-vllm-client  # both in bfloat16
-    .venv/bin/python benchmarks/peers.py --num-prompts 8 --hf-num-prompts 4    # a smoke run
+    python -m benchmarks.peers --out /tmp/peers-all            # everything (HF: all 64, slow)
+    python -m benchmarks.peers --hf-num-prompts 16 --hf-workloads peer,mixed --no-vllm-client  # ~10 min
+    python -m benchmarks.peers --workloads peer --systems conveyor,vllm --no-vllm-client
+    python -m benchmarks.peers --dtype bf16 --systems conveyor,vllm --no-vllm-client  # both in bfloat16
+    python -m benchmarks.peers --num-prompts 8 --hf-num-prompts 4    # a smoke run
 """
 
 from __future__ import annotations
@@ -36,16 +36,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks.peer_servers import SERVED, PeerUnavailable, server, vllm_client, vocab_size, warmup_requests
+from benchmarks.peer_table import Row, midpoint, side_by_side, values
+from conveyor.bench import plots
+from conveyor.bench.options import Options
+from conveyor.bench.report import public, table
+from conveyor.bench.run import RunConfig, run
+from conveyor.bench.workloads import HFTokenizer, Request, random_workload, stream_client_workload
 
-from benchmarks.peer_servers import SERVED, PeerUnavailable, server, vllm_client, vocab_size, warmup_requests  # noqa: E402
-from benchmarks.peer_table import Row, midpoint, side_by_side, values  # noqa: E402
-from conveyor.bench import plots  # noqa: E402
-from conveyor.bench.options import Options  # noqa: E402
-from conveyor.bench.report import public, table  # noqa: E402
-from conveyor.bench.run import RunConfig, run  # noqa: E402
-from conveyor.bench.workloads import HFTokenizer, Request, random_workload, stream_client_workload  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 SYSTEMS = ("conveyor", "vllm", "hf")
 WORKLOADS = ("peer", "mixed", "poisson")
@@ -181,7 +180,7 @@ def main() -> int:
             return results
 
     def hf_leg() -> dict[str, dict[str, Any]]:
-        cmd = [sys.executable, str(REPO / "bench" / "hf_server.py"), str(args.model_dir),
+        cmd = [sys.executable, "-m", "benchmarks.hf_server", str(args.model_dir),
                "--port", "18302", "--batch-size", str(args.hf_batch_size)]
         with server(cmd, "http://127.0.0.1:18302/v1/models", args.out / "hf.log"):
             mine = {k: v for k, v in loads.items() if k in (args.hf_workloads or args.workloads).split(",")}

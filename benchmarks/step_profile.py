@@ -1,9 +1,9 @@
 """Where the engine's step time goes, by kind of step, on benchmarks/engine.py's workloads (one process).
 
-    .venv/bin/python benchmarks/step_profile.py                  # peer and mixed, 2 threads
-    .venv/bin/python benchmarks/step_profile.py --workload mixed --json /tmp/mixed.json
-    .venv/bin/python benchmarks/step_profile.py --kv-cache-dtype bfloat16   # the opt-in bf16 KV cache
-    .venv/bin/python benchmarks/step_profile.py --workload mixed --layer-loop python   # the Python loop
+    python -m benchmarks.step_profile                  # peer and mixed, 2 threads
+    python -m benchmarks.step_profile --workload mixed --json /tmp/mixed.json
+    python -m benchmarks.step_profile --kv-cache-dtype bfloat16   # the opt-in bf16 KV cache
+    python -m benchmarks.step_profile --workload mixed --layer-loop python   # the Python loop
 
 Runs the engine in-process on the default model (fp32, prefix caching off, as benchmarks/engine.py
 does) with conveyor/engine/step_timing.py's timers installed, and classifies each step by its batch:
@@ -21,23 +21,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.engine import matmul_peak, run_engine, workload  # noqa: E402
-from benchmarks.model_flops import flops_per_token  # noqa: E402
-from conveyor.engine import greedy_kernel  # noqa: E402
-from conveyor.engine.config import EngineConfig  # noqa: E402
-from conveyor.engine.engine import Engine  # noqa: E402
-from conveyor.engine.loader import resolve_model  # noqa: E402
-from conveyor.engine.model.linear import bf16_gemms  # noqa: E402
-from conveyor.engine.step_timing import StepRecord, StepTimer  # noqa: E402
+from benchmarks.engine import matmul_peak, run_engine, workload
+from benchmarks.model_flops import flops_per_token
+from conveyor.engine import greedy_kernel
+from conveyor.engine.config import EngineConfig
+from conveyor.engine.engine import Engine
+from conveyor.engine.loader import resolve_model
+from conveyor.engine.model.linear import bf16_gemms
+from conveyor.engine.step_timing import StepRecord, StepTimer
 
 KINDS = ("prefill-heavy", "mixed", "pure decode")
 # Table rows: a label and the timer's pieces it sums (conveyor/engine/step_timing.py names them).
@@ -186,8 +183,8 @@ def main() -> None:
     parser.add_argument("--kv-cache-dtype", choices=["auto", "bfloat16"], default="auto",
                         help="the KV cache's element type (EngineConfig.kv_cache_dtype)")
     parser.add_argument("--layer-loop", choices=["cpp", "python"], default="cpp",
-                        help="the forward's loop over the layers: conveyor/engine/model/layer_loop.cpp where it is "
-                             "built (it times its own calls), or Llama.forward's Python loop")
+                        help="the forward's loop over the layers: conveyor/engine/model/layer_loop.cpp "
+                             "where it is built (it times its own calls), or Llama.forward's Python loop")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
