@@ -12,7 +12,7 @@
 
 Workloads (all requests submitted at once):
   peer   64 requests, 256 random-token prompts, exactly 128 new tokens (EOS ignored): the workload
-         ../shared/peers/ runs against vLLM's CPU build.
+         benchmarks/peers.py runs against vLLM's CPU build.
   mixed  64 requests, prompt lengths uniform in 32–512, output lengths uniform in 16–256 (seeded).
   single one peer request alone (named only; not in "both"): one stream's time per token.
 Systems: (a) HF `generate` one request at a time (on the first --one-at-a-time requests: its rate

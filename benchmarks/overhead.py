@@ -49,7 +49,7 @@ _STEP = re.compile(r'^tgi_batch_inference_duration_(sum|count)\{method="(\w+)"\}
 
 
 def requests_of(workload: str, model_dir: Path, n: int, text: bool) -> list[Request]:
-    if workload == "mixed":  # ../shared/peers/stream-client.py MIXED=1's requests (token ids)
+    if workload == "mixed":  # the stream-client recipe's mixed requests (token ids)
         return stream_client_workload(vocab_size(model_dir), n, True)
     return random_workload(HFTokenizer(model_dir), n, 256, 128, 0, as_ids=not text)
 

@@ -1,24 +1,25 @@
 """Conveyor side by side with its peers, in one sitting, on this machine: the same requests with
 the same client (`conveyor bench`'s) against
   (1) Conveyor, full stack (`conveyor serve`, default model, prefix caching off), run twice (a and b),
-  (2) vLLM's CPU build serving the same converted weights (its venv from ../shared/peers/setup-vllm.sh),
+  (2) vLLM's CPU build serving the same converted weights (--peers-dir: the folder holding its
+      serve-vllm.sh, which runs vLLM from the venv --vllm-venv),
   (3) Hugging Face `generate` behind benchmarks/hf_server.py (the naive baseline),
 in the order Conveyor a, vLLM, HF, Conveyor b (A-B-A: the drift within the sitting shows as b/a).
 Each system is started, warmed, measured on every workload in turn, and stopped before the next.
 Workloads (--workloads):
   peer     64 x 256 random tokens in (vLLM's random dataset, seed 0, as text), exactly 128 out, all at once
-  mixed    64 prompts of 32-512 random token ids, outputs 16-256 (seeded as ../shared/peers/
-           stream-client.py MIXED=1 makes them), all at once
+  mixed    64 prompts of 32-512 random token ids, outputs 16-256 (seeded: conveyor.bench.workloads'
+           stream-client recipe), all at once
   poisson  the peer requests arriving at --poisson-rate req/s (Poisson, seeded)
   prefill  (only when named) the mixed prompts with one output token each, all at once: prefill speed
 Then vLLM's own client (`vllm bench serve`, peer workload) against (1a) and (2), Conveyor with SSE
 keep-alives off (`--sse-keepalive-s 0`: that client jams on a lone SSE comment). Prints one table
 per workload, each figure's ratio to Conveyor's; a peer that cannot run is named, with why.
 
-    python -m benchmarks.peers --out /tmp/peers-all            # everything (HF: all 64, slow)
+    python -m benchmarks.peers --peers-dir PEERS --out /tmp/peers-all   # everything (HF: all 64, slow)
     python -m benchmarks.peers --hf-num-prompts 16 --hf-workloads peer,mixed --no-vllm-client  # ~10 min
-    python -m benchmarks.peers --workloads peer --systems conveyor,vllm --no-vllm-client
-    python -m benchmarks.peers --dtype bf16 --systems conveyor,vllm --no-vllm-client  # both in bfloat16
+    python -m benchmarks.peers --peers-dir PEERS --workloads peer --systems conveyor,vllm --no-vllm-client
+    python -m benchmarks.peers --peers-dir PEERS --dtype bf16 --systems conveyor,vllm --no-vllm-client  # bf16
     python -m benchmarks.peers --num-prompts 8 --hf-num-prompts 4    # a smoke run
 """
 
@@ -44,14 +45,9 @@ from conveyor.bench.report import public, table
 from conveyor.bench.run import RunConfig, run
 from conveyor.bench.workloads import HFTokenizer, Request, random_workload, stream_client_workload
 
-REPO = Path(__file__).resolve().parents[1]
-
 SYSTEMS = ("conveyor", "vllm", "hf")
 WORKLOADS = ("peer", "mixed", "poisson")
 EXTRA_WORKLOADS = ("prefill",)  # diagnostics, run only when named in --workloads
-# ../shared/peers beside the checkout (a worktree's sits one level further down).
-PEERS_DIR = next((d for d in (REPO.parent / "shared" / "peers", REPO.parents[1] / "shared" / "peers")
-                  if d.is_dir()), REPO.parent / "shared" / "peers")
 CONVEYOR_A, CONVEYOR_B = "Conveyor a (`conveyor serve`)", "Conveyor b (drift: × a)"
 
 
@@ -109,8 +105,9 @@ def main() -> int:
                         "[default: %(default)s]")
     p.add_argument("--model-dir", type=Path, default=None,
                    help="converted weights [default: Conveyor's default]")
-    p.add_argument("--peers-dir", type=Path, default=PEERS_DIR,
-                   help="serve-vllm.sh's folder [default: %(default)s]")
+    p.add_argument("--peers-dir", type=Path, default=None,
+                   help="the folder of serve-vllm.sh, which starts vLLM (kept outside this repository); "
+                        "without it vLLM's row says so")
     p.add_argument("--vllm-venv", type=Path, default=Path(os.environ.get("VENV", "/tmp/peers/vllm")))
     p.add_argument("--no-vllm-client", dest="vllm_client", action="store_false",
                    help="skip `vllm bench serve` (the peers' own client)")
@@ -166,8 +163,10 @@ def main() -> int:
         return leg
 
     def vllm_leg() -> dict[str, dict[str, Any]]:
+        if args.peers_dir is None:
+            raise PeerUnavailable("no --peers-dir: the folder of serve-vllm.sh")
         if not vllm_ok:
-            raise PeerUnavailable(f"no vLLM at {args.vllm_venv}: run ../shared/peers/setup-vllm.sh")
+            raise PeerUnavailable(f"no vLLM at {args.vllm_venv} (--vllm-venv)")
         env = {"VENV": str(args.vllm_venv), "MODEL": str(args.model_dir), "PORT": "18301",
                "VLLM_CPU_OMP_THREADS_BIND": "0-1", **vllm_env}
         with server(["bash", str(args.peers_dir / "serve-vllm.sh"), "--no-enable-prefix-caching"],

@@ -1,10 +1,9 @@
-"""benchmarks/peers.py's and benchmarks/overhead.py's pure parts: the stream-client workload, the table's
-ratios (A-B-A midpoint, drift), and reading CPU seconds from /proc (no server)."""
+"""benchmarks/peers.py's and benchmarks/overhead.py's pure parts: the table's ratios (A-B-A midpoint,
+drift), and reading CPU seconds from /proc (no server)."""
 
 from __future__ import annotations
 
 import os
-import random
 import time
 from typing import Any
 
@@ -12,21 +11,6 @@ import pytest
 
 from benchmarks import procstat
 from benchmarks.peer_table import Row, midpoint, side_by_side, values
-from conveyor.bench.workloads import stream_client_workload
-
-
-def test_mixed_workload_is_stream_client_s_own() -> None:
-    # ../shared/peers/stream-client.py MIXED=1, verbatim: all lengths first, then the ids
-    rng = random.Random(0)
-    lens = [(rng.randint(32, 512), rng.randint(16, 256)) for _ in range(16)]
-    prompts = [([rng.randrange(100, 1000 - 100) for _ in range(li)], lo) for li, lo in lens]
-    ours = stream_client_workload(1000, 16, mixed=True)
-    assert [(r.prompt, r.output_len) for r in ours] == prompts
-    assert all(r.prompt_len == len(r.prompt) for r in ours)
-    assert len({r.prompt_len for r in ours}) > 1 and all(32 <= r.prompt_len <= 512 for r in ours)
-    fixed = stream_client_workload(1000, 3, mixed=False, input_len=7, output_len=5, seed=1)
-    assert [(len(r.prompt), r.output_len) for r in fixed] == [(7, 5)] * 3
-    assert fixed != stream_client_workload(1000, 3, mixed=False, input_len=7, output_len=5, seed=2)
 
 
 def summary(tps: float, ttft_ms: float, tpot_ms: float) -> dict:
