@@ -154,7 +154,8 @@ def main() -> int:
     p.add_argument("--kv-cache-memory", default="4GiB",
                    help="both legs' KV budget, so neither reserves more of a busy machine's memory "
                         "[default: %(default)s, as benchmarks/engine.py]")
-    p.add_argument("--out", type=Path, default=Path("/tmp/conveyor-overhead"))
+    p.add_argument("--out", type=Path, default=REPO / "benchmarks/results/overhead",
+                   help="[default: %(default)s]")
     p.add_argument("--leg", choices=["engine"], help=argparse.SUPPRESS)  # the child process's part
     p.add_argument("--requests-file", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--quiet", action="store_true")

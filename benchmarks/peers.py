@@ -116,7 +116,8 @@ def main() -> int:
                    help="HF gets the first N requests of each workload [default: all]")
     p.add_argument("--hf-workloads", default=None,
                    help="the workloads HF runs (it is slow) [default: all of --workloads]")
-    p.add_argument("--out", type=Path, default=Path("/tmp/conveyor-peers"))
+    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results/peers",
+                   help="[default: %(default)s]")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args()
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C: servers stopped, tables printed

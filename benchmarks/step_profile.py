@@ -36,6 +36,7 @@ from conveyor.engine.loader import resolve_model
 from conveyor.engine.model.linear import bf16_gemms
 from conveyor.engine.step_timing import StepRecord, StepTimer
 
+RESULTS = Path(__file__).resolve().parent / "results"
 KINDS = ("prefill-heavy", "mixed", "pure decode")
 # Table rows: a label and the timer's pieces it sums (conveyor/engine/step_timing.py names them).
 CATEGORIES = {
@@ -176,8 +177,8 @@ def main() -> None:
     parser.add_argument("--workload", choices=["peer", "mixed", "both"], default="both")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--requests", type=int, default=64, help="fewer for a quick check")
-    parser.add_argument("--json", type=Path, default=Path("step_profile.json"),
-                        help="where to write the results")
+    parser.add_argument("--json", type=Path, default=RESULTS / "step_profile.json",
+                        help="where to write the results [default: %(default)s]")
     parser.add_argument("--no-sampler-ab", dest="sampler_ab", action="store_false",
                         help="do not also time the torch sampler path on each step's logits")
     parser.add_argument("--kv-cache-dtype", choices=["auto", "bfloat16"], default="auto",
@@ -186,6 +187,7 @@ def main() -> None:
                         help="the forward's loop over the layers: conveyor/engine/model/layer_loop.cpp "
                              "where it is built (it times its own calls), or Llama.forward's Python loop")
     args = parser.parse_args()
+    args.json.parent.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)
 
     peaks = matmul_peak()
