@@ -1,4 +1,4 @@
-"""scripts/gpu_check.sh on this CPU machine: the correctness part (a) runs under Triton's
+"""benchmarks/gpu_check.sh on this CPU machine: the correctness part (a) runs under Triton's
 interpreter and passes, the GPU parts are marked skipped with a reason; --smoke-speed runs the
 speed parts' code on a tiny model and its byte and FLOP counts match the model's shape. And the
 pass rule of the comparison against Hugging Face (benchmarks/gpu_correctness.py), without a model."""
@@ -27,7 +27,7 @@ TINY_SPEED = ["--smoke-speed", "--decode-batches", "1,2", "--context", "40", "--
 def _run(out: Path, *args: str) -> dict[str, Any]:
     # No GPU even where one is: the CPU path is what this test is about.
     env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run(["bash", str(REPO / "scripts/gpu_check.sh"), "--tiny", *args], cwd=REPO, env=env,
+    proc = subprocess.run(["bash", str(REPO / "benchmarks/gpu_check.sh"), "--tiny", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "| check | result | target |" in proc.stdout  # the table is printed
