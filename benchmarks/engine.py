@@ -1,16 +1,16 @@
 """Engine throughput against Hugging Face baselines, in one process, on the default model (fp32).
 
-    .venv/bin/python benchmarks/engine.py                 # both workloads, all three systems
-    .venv/bin/python benchmarks/engine.py --workload peer --skip-hf
-    .venv/bin/python benchmarks/engine.py --skip-hf --max-batch-prefill-tokens 4096,2048,4096  # A-B-A
-    .venv/bin/python benchmarks/engine.py --skip-hf --admission-order arrival,shortest,shortest,arrival
-    .venv/bin/python benchmarks/engine.py --skip-hf --workload single --min-rows exact,auto,auto,exact
-    .venv/bin/python benchmarks/engine.py --skip-hf --kv-cache-dtype auto,bfloat16,bfloat16,auto
-    .venv/bin/python benchmarks/engine.py --skip-hf --gemm-dtype bfloat16   # the opt-in bf16 GEMMs
+    python -m benchmarks.engine                 # both workloads, all three systems
+    python -m benchmarks.engine --workload peer --skip-hf
+    python -m benchmarks.engine --skip-hf --max-batch-prefill-tokens 4096,2048,4096  # A-B-A
+    python -m benchmarks.engine --skip-hf --admission-order arrival,shortest,shortest,arrival
+    python -m benchmarks.engine --skip-hf --workload single --min-rows exact,auto,auto,exact
+    python -m benchmarks.engine --skip-hf --kv-cache-dtype auto,bfloat16,bfloat16,auto
+    python -m benchmarks.engine --skip-hf --gemm-dtype bfloat16   # the opt-in bf16 GEMMs
 
 Workloads (all requests submitted at once):
   peer   64 requests, 256 random-token prompts, exactly 128 new tokens (EOS ignored): the workload
-         ../shared/peers/ runs against vLLM's CPU build.
+         benchmarks/peers.py runs against vLLM's CPU build.
   mixed  64 requests, prompt lengths uniform in 32–512, output lengths uniform in 16–256 (seeded).
   single one peer request alone (named only; not in "both"): one stream's time per token.
 Systems: (a) HF `generate` one request at a time (on the first --one-at-a-time requests: its rate
@@ -40,18 +40,15 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.model_flops import attention_flops, flops_per_token  # noqa: E402
-from conveyor.engine.config import EngineConfig  # noqa: E402
-from conveyor.engine.engine import Engine  # noqa: E402
-from conveyor.engine.loader import resolve_model  # noqa: E402
-from conveyor.engine.model.linear import Linear  # noqa: E402
-from conveyor.engine.params import StoppingParams  # noqa: E402
+from benchmarks.model_flops import attention_flops, flops_per_token
+from conveyor.engine.config import EngineConfig
+from conveyor.engine.engine import Engine
+from conveyor.engine.loader import resolve_model
+from conveyor.engine.model.linear import Linear
+from conveyor.engine.params import StoppingParams
 
 
 @dataclass

@@ -1,9 +1,9 @@
 """Where the engine's step time goes, by kind of step, on benchmarks/engine.py's workloads (one process).
 
-    .venv/bin/python benchmarks/step_profile.py                  # peer and mixed, 2 threads
-    .venv/bin/python benchmarks/step_profile.py --workload mixed --json /tmp/mixed.json
-    .venv/bin/python benchmarks/step_profile.py --kv-cache-dtype bfloat16   # the opt-in bf16 KV cache
-    .venv/bin/python benchmarks/step_profile.py --gemm-dtype bfloat16   # the opt-in bf16 GEMMs
+    python -m benchmarks.step_profile                  # peer and mixed, 2 threads
+    python -m benchmarks.step_profile --workload mixed --json /tmp/mixed.json
+    python -m benchmarks.step_profile --kv-cache-dtype bfloat16   # the opt-in bf16 KV cache
+    python -m benchmarks.step_profile --gemm-dtype bfloat16   # the opt-in bf16 GEMMs
 
 Runs the engine in-process on the default model (fp32, prefix caching off, as benchmarks/engine.py
 does) observed by benchmarks/step_timer.py (Engine.observe), and classifies each step by its batch:
@@ -21,22 +21,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.engine import matmul_peak, run_engine, workload
+from benchmarks.model_flops import flops_per_token
+from benchmarks.step_timer import StepRecord, StepTimer
+from conveyor.engine.config import EngineConfig
+from conveyor.engine.engine import Engine
+from conveyor.engine.loader import resolve_model
+from conveyor.engine.native import greedy as greedy_kernel
 
-from benchmarks.engine import matmul_peak, run_engine, workload  # noqa: E402
-from benchmarks.model_flops import flops_per_token  # noqa: E402
-from benchmarks.step_timer import StepRecord, StepTimer  # noqa: E402
-from conveyor.engine.config import EngineConfig  # noqa: E402
-from conveyor.engine.engine import Engine  # noqa: E402
-from conveyor.engine.loader import resolve_model  # noqa: E402
-from conveyor.engine.native import greedy as greedy_kernel  # noqa: E402
+RESULTS = Path(__file__).resolve().parent / "results"
 
 KINDS = ("prefill-heavy", "mixed", "pure decode")
 # Table rows: a label and the timer's pieces it sums (benchmarks/step_timer.py names them).
@@ -178,8 +177,8 @@ def main() -> None:
     parser.add_argument("--workload", choices=["peer", "mixed", "both"], default="both")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--requests", type=int, default=64, help="fewer for a quick check")
-    parser.add_argument("--json", type=Path, default=Path("step_profile.json"),
-                        help="where to write the results")
+    parser.add_argument("--json", type=Path, default=RESULTS / "step_profile.json",
+                        help="where to write the results [default: %(default)s]")
     parser.add_argument("--no-sampler-ab", dest="sampler_ab", action="store_false",
                         help="do not also time the torch sampler path on each step's logits")
     parser.add_argument("--kv-cache-dtype", choices=["auto", "bfloat16"], default="auto",
@@ -187,6 +186,7 @@ def main() -> None:
     parser.add_argument("--gemm-dtype", choices=["auto", "bfloat16"], default="auto",
                         help="the layers' GEMMs (EngineConfig.gemm_dtype)")
     args = parser.parse_args()
+    args.json.parent.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)
 
     bf16 = args.gemm_dtype == "bfloat16"

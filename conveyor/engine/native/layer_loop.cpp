@@ -15,7 +15,7 @@
 // the o projection, as F.pad gives them in the Python loop.
 //
 // Each kind of call's wall time in the last forward is kept (a clock read around each call, ~20 ns
-// against calls of µs to ms), for the step profile (engine/step_timing.py): last_timings().
+// against calls of µs to ms), for the step observer (conveyor/engine/step_observer.py): last_timings().
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
