@@ -28,7 +28,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest
 
 # The fault suite alone (it is part of `make test` too): processes and Redis killed or paused under
-# load, poison jobs, hostile input, a soak of 1,000 jobs; see the README's Reliability section.
+# load, poison jobs, hostile input, a soak of 1,000 jobs; see docs/operations/reliability.md.
 test-faults: $(STAMP)
 	$(BIN)/conveyor kernels
 	$(BIN)/python -m pytest -m faults
@@ -67,7 +67,7 @@ clean:
 
 # lm-evaluation-harness in its own virtualenv (its pins must not move the service's): the
 # `local-completions` / `local-chat-completions` clients and the `hf` backend, torch pinned to the
-# CPU build as above. See the README's "Evaluating with lm-evaluation-harness".
+# CPU build as above. See docs/api/prompt-logprobs.md.
 LMEVAL_VENV ?= .venv-lmeval
 LMEVAL_STAMP := $(LMEVAL_VENV)/.installed
 

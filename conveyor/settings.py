@@ -153,8 +153,8 @@ class Settings(BaseSettings):
     # scheduler admits waiting requests in every step as prefill chunks beside the decodes, so
     # waiting requests never wait for a batch to drain; the values are validated and shown in
     # /info, and a non-default value is reported as having no effect at start-up.
-    max_waiting_tokens: int = Field(default=20, ge=1, description="TGI compatibility; see README.")
-    waiting_served_ratio: float = Field(default=1.2, ge=0, description="TGI compatibility; see README.")
+    max_waiting_tokens: int = Field(default=20, ge=1, description="TGI compatibility; no effect.")
+    waiting_served_ratio: float = Field(default=1.2, ge=0, description="TGI compatibility; no effect.")
 
     # --- engine -----------------------------------------------------------------------------
     block_size: int = Field(default=16, ge=1, le=1024, description="Tokens per KV block.")

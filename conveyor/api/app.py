@@ -181,8 +181,9 @@ def create_app(settings: Settings, model_dir: Path, model_id: str) -> FastAPI:
              responses={200: {"content": {prom.CONTENT_TYPE: {"schema": {"type": "string"}}},
                               "description": "Prometheus text format"}})
     async def metrics_route(request: Request) -> Response:
-        """Prometheus metrics of this api process (the workers serve their own: see the README).
-        While Redis does not answer, the queue gauges are left out rather than shown stale."""
+        """Prometheus metrics of this api process (the workers serve their own: see
+        docs/operations/observability.md). While Redis does not answer, the queue gauges are left out
+        rather than shown stale."""
         try:
             places = await ApiContext.of(request).jobs.queue_places()
         except REDIS_FAULTS:

@@ -64,7 +64,7 @@ async def run_async(requests: list[Request], opts: Options, cfg: RunConfig) -> d
     bar = _progress(len(requests), cfg.progress)
     # No connection cap; the per-request bound is _one's timeout (aiohttp's default total is 300 s).
     # aiohttp over httpx: its C HTTP parser takes a third of httpx's CPU per streamed token here
-    # (README "conveyor bench"), and the client shares the cores with the server it measures.
+    # (docs/benchmarks.md, "conveyor bench"), and the client shares the cores with the server it measures.
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30.0)
     try:

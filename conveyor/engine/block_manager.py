@@ -168,7 +168,7 @@ class BlockManager:
             self._copies.append((source, copy))
         # In ascending order: the same blocks the free list gives (eviction order unchanged), but a
         # finished sequence's blocks come back tail first, and a table that runs backwards through
-        # memory is read ~1.6x slower by the decode kernel (benchmarks/kv_locality.py).
+        # memory is read markedly slower by the decode kernel (docs/engine.md, "Ascending order").
         seq.block_table.extend(sorted(self._pop_free() for _ in range(num_needed)))
         return True
 

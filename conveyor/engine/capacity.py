@@ -7,7 +7,8 @@ block when it is idle). While a request the last step could not admit is waiting
 join the next step: none if blocks, batch slots or batch tokens stopped it; if the prefill budget
 stopped it, enough requests at the mean prompt length to fill the next step's budget beside the
 backlog. (Reading none then, as this did before, ran every other step of an overloaded worker with
-its budget part spent while arrivals waited a whole step in the stream: benchmarks/README.md, sitting L.)
+its budget part spent while arrivals waited a whole step in the stream; docs/engine.md, "Pull by
+capacity", has the figures.)
 """
 
 from __future__ import annotations

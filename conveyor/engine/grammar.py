@@ -1,10 +1,10 @@
 """Constrained decoding: a token mask per row from a grammar, through llguidance.
 
-Chosen over xgrammar by benchmarks/grammar_mask.py (README, "Structured output"): compiling a JSON schema
-costs ~1 ms (xgrammar: ~280 ms, which would stall every row's step for a new schema) and the mask
-~60 µs a token on average at SmolLM2's 49k vocabulary, noise beside a CPU step; it needs no torch.
+Chosen over xgrammar (docs/engine.md, "Structured output", has the figures): compiling a JSON
+schema takes milliseconds (xgrammar's took far longer, stalling every row's step for a new schema)
+and the mask is noise beside a CPU step; it needs no torch.
 
-A `GrammarCompiler` builds the tokenizer view once (lazily: ~0.3 s, only an engine that sees a
+A `GrammarCompiler` builds the tokenizer view once (lazily, only an engine that sees a
 grammar pays it) and one matcher per distinct grammar (an LRU cache); each sequence gets a copy.
 EOS is one of the grammar's tokens: the mask allows it only where the grammar accepts.
 """

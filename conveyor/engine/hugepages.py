@@ -2,8 +2,8 @@
 
 The CPU decode kernel reads each row's context block by block, and a row's blocks lie anywhere
 in a cache of gigabytes: with 4 KiB pages every 12 KiB block costs its own TLB misses and page
-walks. Backed by 2 MiB pages the same reads took ~15-35 % less time (benchmarks/decode_attention.py's
-"new 2MiB" leg against "new", shuffled blocks; README "AVX-512 paths"). Linux backs anonymous
+walks. Backed by 2 MiB pages the same reads take markedly less time (docs/engine.md, "AVX-512",
+has the figures). Linux backs anonymous
 memory with huge pages only where asked when THP is in "madvise" mode (the common default), so
 the cache's memory is advised before its first touch. Anywhere else this is a no-op: never an
 error, at worst the 4 KiB pages of before.

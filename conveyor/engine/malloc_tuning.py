@@ -3,9 +3,9 @@
 torch's CPU tensors come from malloc. glibc hands a freed chunk at the top of a heap back to the
 kernel once more than M_TRIM_THRESHOLD is free there (and serves chunks above the dynamic
 M_MMAP_THRESHOLD from fresh mmaps), so a temporary of a few MB — e.g. each op inside `F.rms_norm`
-on a 4096-token prefill, 9.4 MB — is mapped and zero-filled anew every time it is allocated. In
-this VM a page fault is expensive: `F.rms_norm` over [4096, 576] took 12-24 ms, over [3072, 576]
-under 1 ms. Raising both thresholds keeps those pages mapped for the next step (vLLM's CPU build
+on a 4096-token prefill, 9.4 MB — is mapped and zero-filled anew every time it is allocated, and
+in a VM page faults are expensive (docs/engine.md, "Freed memory kept in the process", has the
+figures). Raising both thresholds keeps those pages mapped for the next step (vLLM's CPU build
 gets the same from tcmalloc via LD_PRELOAD). The engine's own workspaces (conveyor/engine/model/llama.py
 `_buffer`) cover the largest activations; this covers what torch allocates inside its ops.
 

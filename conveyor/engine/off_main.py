@@ -4,8 +4,8 @@ torch's CPU ops run on OpenMP. libgomp gives each thread that starts a parallel 
 of pool threads, kept until that thread exits, and once the process holds more such threads than it
 has CPUs it stops spinning between parallel regions and parks its threads on a futex instead. Loading
 the model on the main thread leaves a team there; the engine thread then makes a second one, and every
-small op of every step pays a futex wake-up (`benchmarks/engine_thread.py`: SiLU on a 64 × 576 tensor
-6-9 µs → 52-57 µs, the default model's steps 168-174 → 206 ms, 1.21× the throughput). Building the engine on
+small op of every step pays a futex wake-up (docs/engine.md, "The engine is built off the main
+thread", has the figures). Building the engine on
 a thread that then exits frees its team, so the engine thread's team is the process's only one.
 """
 

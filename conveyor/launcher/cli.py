@@ -126,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     from conveyor.bench.cli import add_arguments as add_bench_arguments
 
     add_bench_arguments(sub.add_parser("bench", help="load a server over HTTP (OpenAI, TGI or /v1/jobs), "
-                                                     "report latency and throughput (benchmarks/README.md)"))
+                                                     "report latency and throughput (docs/benchmarks.md)"))
     return parser
 
 

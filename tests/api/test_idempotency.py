@@ -1,4 +1,4 @@
-"""Idempotency-Key expiry (README, Idempotency): the key answers its job for `idempotency_ttl`
+"""Idempotency-Key expiry (docs/api/jobs.md, Idempotency): the key answers its job for `idempotency_ttl`
 seconds (2 in `knobs_service`); once Redis has dropped the key, the same key and body make a new
 job. The test waits on the key's expiry in Redis, not on a clock."""
 

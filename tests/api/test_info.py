@@ -1,4 +1,4 @@
-"""`GET /info` (README: model and limits in TGI's shape): every field TGI's /info has, each limit
+"""`GET /info` (docs/api/index.md: model and limits in TGI's shape): every field TGI's /info has, each limit
 read from the settings (`knobs_service` sets them all away from their defaults), and the device
 and dtype of the worker that actually serves the model."""
 

@@ -1,6 +1,7 @@
-"""SSE keep-alives (README: streams stay open while nothing happens): a stream that has no event for
-`sse_keepalive_s` seconds (0.3 in `knobs_service`, which has no worker, so a job's stream stays
-silent) gets `: keep-alive` comments, in each of the three dialects, and no data meanwhile."""
+"""SSE keep-alives (docs/operations/configuration.md, `--sse-keepalive-s`: streams stay open while nothing
+happens): a stream that has no event for `sse_keepalive_s` seconds (0.3 in `knobs_service`, which has no
+worker, so a job's stream stays silent) gets `: keep-alive` comments, in each of the three dialects, and
+no data meanwhile."""
 
 from __future__ import annotations
 

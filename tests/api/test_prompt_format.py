@@ -1,5 +1,5 @@
-"""`generate_prompt_format` (README, Settings): with `auto` (the default) TGI `inputs` without special
-tokens go through the model's chat template as one user message and templated inputs are left
+"""`generate_prompt_format` (docs/api/tgi.md, Prompt format): with `auto` (the default) TGI `inputs`
+without special tokens go through the model's chat template as one user message and templated inputs are left
 alone; with `raw` nothing is templated. What the model sees is read back from the job record's
 spec (exact token ids) and from the stream's `details.input_length`; the expected prompts come
 from transformers' own chat-template renderer, not from the api's code."""

@@ -30,8 +30,8 @@ from conveyor.worker.publisher import Publisher
 from tests.api.conftest import KEYS, keys_of, redis_of, until, wait_ready
 from tests.conftest import REPO, RunningService, start_service, stop_service
 
-# The README's screenshots are retaken with CONVEYOR_UPDATE_SCREENSHOTS=1; otherwise a test run leaves
-# the tree alone and writes them to a temporary directory.
+# The docs' screenshots (docs/console/) are retaken with CONVEYOR_UPDATE_SCREENSHOTS=1; otherwise a
+# test run leaves the tree alone and writes them to a temporary directory.
 SHOTS = (REPO / "docs" / "console" if os.environ.get("CONVEYOR_UPDATE_SCREENSHOTS") == "1"
          else Path(tempfile.gettempdir()) / "conveyor-console-shots")
 MAX_TOTAL_TOKENS = 8000

@@ -1,7 +1,8 @@
 """The console in headless Chromium against a real api and worker: sign in, the overview's live
 worker, a playground request streaming into the page, a job's page streaming its tokens and a cancel
 ending it, tenants kept apart, the dead-letter page for operators only. Each page is saved as a
-screenshot (under docs/console/, which the README shows, with CONVEYOR_UPDATE_SCREENSHOTS=1)."""
+screenshot (under docs/console/, which the README and docs/console.md show, with
+CONVEYOR_UPDATE_SCREENSHOTS=1)."""
 
 from __future__ import annotations
 

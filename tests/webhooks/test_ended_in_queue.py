@@ -1,5 +1,5 @@
-"""The `completed` webhook of a job that ends while still queued (README, Webhooks: "also when it is
-cancelled or expires while still queued"): no worker ever sees such a job, so the api hands the
+"""The `completed` webhook of a job that ends while still queued (docs/operations/webhooks.md: "also when it
+is cancelled or expires while still queued"): no worker ever sees such a job, so the api hands the
 webhook to RQ itself. Real processes: the api with no engine worker, one `conveyor webhooks`
 process, and a receiver on loopback; each delivery is verified as Standard Webhooks."""
 

@@ -1,19 +1,19 @@
 """A linear layer's weight, held in the layout of the fastest GEMM the device has for it.
 
 On CPU in float32 that is oneDNN with the weight reordered once, at load, into its blocked layout:
-measured here (AMD EPYC, 2 threads) it runs the decode-sized GEMMs (64 rows) 1.2-1.6x faster than
-MKL's sgemm, which torch.mm uses, and a large square matmul at 212 against 176 GFLOP/s. A row's
+faster than MKL's sgemm, which torch.mm uses, at decode sizes and on large matrices alike
+(docs/engine.md, "GEMMs through oneDNN", has the figures). A row's
 result does not depend on how many rows are in the batch, which seeded sampling relies on.
 Elsewhere (CUDA, other dtypes, a torch built without oneDNN) it is torch.mm on the plain weight,
 and so it is when oneDNN's ops (private to torch) give a result that differs from torch.mm's on a
 small matrix, checked once at load.
 
 `bf16=True` (the engine's gemm_dtype bfloat16, opt-in) keeps the weight in bfloat16 and runs the
-GEMM in it (inputs
-rounded to bfloat16, fp32 accumulation, outputs rounded to bfloat16 and widened back), on a CPU
-with native bfloat16 dot products (AVX512_BF16 or AMX): ~1.6x the fp32 GEMMs' speed here and half
-their memory traffic. Everything else (norms, attention, the KV cache, the logits) stays fp32, but
-the outputs are no longer Hugging Face's fp32 ones; a row's result still does not depend on the batch.
+GEMM in it (inputs rounded to bfloat16, fp32 accumulation, outputs rounded to bfloat16 and widened
+back), on a CPU with native bfloat16 dot products (AVX512_BF16 or AMX): half the fp32 GEMMs' memory
+traffic, and faster (docs/engine.md, "bfloat16 GEMMs"). Everything else (norms, attention, the KV
+cache, the logits) stays fp32, but the outputs are no longer Hugging Face's fp32 ones; a row's
+result still does not depend on the batch.
 """
 
 from __future__ import annotations

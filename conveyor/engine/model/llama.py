@@ -31,7 +31,8 @@ _LM_HEAD_SLICE = 4096
 # Below ~12 rows MKL's fp32 GEMM (oneDNN's at 1 row) picks kernels whose rounding depends on the
 # row count, so a sequence's logits would depend on the batch it is in. Padding to the fewest rows
 # at which each weight's GEMM is checked exact at load (linear.exact_min_rows; at most 16) keeps
-# them exact: with oneDNN that is 2 here, and a step of 2 rows runs its GEMMs ~4x faster than 16.
+# them exact: with oneDNN that is 2 here, and a step of 2 rows runs its GEMMs several times faster
+# than 16.
 # Above it the bits are the same, so a step is padded to the fastest count (row_padding.py; 5 here).
 _CPU_MIN_ROWS = 16
 
@@ -169,7 +170,7 @@ class Llama:
         cos, sin = self.rope(positions)
         cos, sin = cos.reshape(n_tok, hd), sin.reshape(n_tok, hd)
         # The step's workspaces and their views, taken once for all layers: per layer, each costs
-        # a few µs of Python and dispatch, ~10 % of a small decode step over 30 layers.
+        # Python and dispatch, a visible part of a small decode step over 30 layers (docs/engine.md).
         norm_out = self._buffer("norm", (n_tok, self.hidden_size))
         qk = self._buffer("qk", (n_tok, heads + kv, hd))  # q and k rotated (_rope)
         h = F.embedding(input_ids, self.embed)
@@ -265,8 +266,8 @@ class Llama:
         x = self._rms_norm(F.pad(hidden, (0, 0, 0, max(0, self.min_rows - n_real))), self.norm)
         if self.lm_head.packed or self.device.type != "cpu":
             return self.lm_head(x)[:n_real].float()
-        # torch.mm on CPU: slices of the vocabulary keep each GEMM's output in L2, ~20 % faster at
-        # 64 rows.
+        # torch.mm on CPU: slices of the vocabulary keep each GEMM's output in L2, which is faster
+        # (docs/engine.md).
         out = self._buffer("logits", (x.shape[0], self.vocab_size))
         for lo in range(0, self.vocab_size, _LM_HEAD_SLICE):
             hi = min(lo + _LM_HEAD_SLICE, self.vocab_size)

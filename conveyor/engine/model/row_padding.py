@@ -3,9 +3,10 @@
 At least the fewest rows from which every row's result is the same bits whatever the row count
 (linear.exact_min_rows), so that a sequence's logits never depend on its batch. Above that count the
 bits are the same for any count up to the one it was checked against, so padding further changes
-only the speed, and a GEMM library's speed at a few rows is not monotone: oneDNN here (AMD EPYC,
-2 threads) ran a step's GEMMs in ~40 ms at 1-2 rows and ~32 ms at 5. So the count is chosen at
-load by timing the model's own GEMMs at each count from the exact one up to a few above it.
+only the speed, and a GEMM library's speed at a few rows is not monotone: oneDNN here ran a step's
+GEMMs faster at 5 rows than at 1-2 (docs/engine.md, "Small steps padded", has the figures). So the
+count is chosen at load by timing the model's own GEMMs at each count from the exact one up to a
+few above it.
 """
 
 from __future__ import annotations

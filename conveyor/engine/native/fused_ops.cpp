@@ -16,7 +16,7 @@
 // depends on the batch around it. AVX-512 where the compiler has it (-march=native), AVX2 else,
 // plain C++ on other CPUs.
 
-// Only the torch headers used here: <torch/extension.h> takes ~30 s to parse per file.
+// Only the torch headers used here: <torch/extension.h> pulls in all of torch's and is slow to parse.
 #include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
 #include <torch/csrc/utils/pybind.h>
@@ -111,7 +111,7 @@ void rope_head(const float* x, const float* c, const float* s, float* o, int64_t
 // lanes in order. Every square is rounded before it is added (-ffp-contract=off), as torch
 // materialises pow(2) first. The lane loops are independent float adds: any vectorisation by the
 // compiler gives the same bits. The width is a template argument so that the compiler keeps the
-// accumulators in vector registers (a run-time width left them in memory: ~3x slower).
+// accumulators in vector registers (a run-time width left them in memory, several times slower).
 template <int64_t lanes>
 float sum_of_squares(const float* x, int64_t n) {
   constexpr int64_t kIlp = 4, kLevels = 4;

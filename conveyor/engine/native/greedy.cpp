@@ -1,13 +1,14 @@
 // The sampler's greedy pick, fused: per row of float32 logits, the argmax (the first index of the
 // largest value, as torch.argmax) and its logprob, -log(sum(exp(x - max))), without writing a
-// log_softmax of the whole vocabulary. torch.argmax over a [64, 49152] batch is a scalar loop
-// (~1 ms on 2 threads) and log_softmax another ~1 ms; here a row is read three times from L2.
+// log_softmax of the whole vocabulary. torch.argmax over a [64, 49152] batch is a scalar loop,
+// and log_softmax a second pass that writes the vocabulary out; here a row is read three times from
+// L2 (docs/engine.md, "Sampler", has the figures).
 //
 // Each row is done by one thread, in one fixed order, so its result never depends on the other
 // rows of the batch (what the sampler promises). A row holding a NaN gives its first NaN's index
 // and a NaN logprob, as torch.argmax and log_softmax would.
 
-// Only the torch headers used here: <torch/extension.h> takes ~30 s to parse per file.
+// Only the torch headers used here: <torch/extension.h> pulls in all of torch's and is slow to parse.
 #include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>

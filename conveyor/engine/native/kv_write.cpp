@@ -4,7 +4,7 @@
 // decode step's ~64 tokens a layer, those ops' fixed costs are most of the write.
 // bfloat16 rounding is c10::BFloat16's (round to nearest even), the one `Tensor.to` uses, so the
 // cache holds the same bits either way.
-// Only the torch headers used here: <torch/extension.h> takes ~30 s to parse per file.
+// Only the torch headers used here: <torch/extension.h> pulls in all of torch's and is slow to parse.
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>

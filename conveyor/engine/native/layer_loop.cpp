@@ -1,13 +1,13 @@
 // The Llama forward's layer loop in C++ (CPU, float32): the same calls as Llama.forward's Python loop
-// (engine/model/llama.py), in the same order, on the same buffers, so the same bits.
+// (conveyor/engine/model/llama.py), in the same order, on the same buffers, so the same bits.
 //
-// Why: between a layer's kernels the Python loop spent 5-7 ms of a ~100 ms 32-row decode step in
-// the interpreter and in dispatch, several times those ops' idle cost, since each GEMM evicts the
-// interpreter's caches (bench/README.md, sitting P). Here each layer is ten calls: the fused ops of
-// this extension directly, oneDNN's prepacked linear (mkldnn::_linear_pointwise, what Linear calls)
-// and the attention kernels of engine/attention's extension (conveyor::write_kv, paged_decode_into,
-// paged_prefill) through torch's dispatcher. The GIL is released for the whole loop, so the
-// worker's other threads run meanwhile.
+// Why: between a layer's kernels the Python loop spends a noticeable part of a decode step in the
+// interpreter and in dispatch, several times those ops' idle cost, since each GEMM evicts the
+// interpreter's caches (docs/engine.md, "The layer loop in C++", has the figures). Here each layer
+// is ten calls: the fused ops of this extension directly, oneDNN's prepacked linear
+// (mkldnn::_linear_pointwise, what Linear calls) and the attention kernels' extension
+// (conveyor::write_kv, paged_decode_into, paged_prefill) through torch's dispatcher. The GIL is
+// released for the whole loop, so the worker's other threads run meanwhile.
 //
 // One step's attention: the decode rows (one query each) first, through the paged decode kernel;
 // then the prefill chunks, all in one call of the paged prefill kernel. Padding rows (the batch

@@ -22,7 +22,7 @@
 // loaded once for all of them.
 // Partition bounds and the reduction order depend only on the row's own context, never on the batch
 // or the thread count, so results are bitwise batch-invariant.
-// Only the torch headers used here: <torch/extension.h> takes ~30 s to parse per file.
+// Only the torch headers used here: <torch/extension.h> pulls in all of torch's and is slow to parse.
 #include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
@@ -446,7 +446,7 @@ at::Tensor paged_decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at
 }
 
 // Rows per decode task: 256 tokens, as vLLM's 512 halved for 2-16 CPU threads: a 768-token row is 3 tasks;
-// smaller adds reductions, larger leaves threads idle on a few long rows (bench/decode_attention.py sweeps it).
+// smaller adds reductions, larger leaves threads idle on a few long rows (docs/decided.md: the decode kernel's partitions).
 constexpr int64_t kPartition = 256;
 
 // paged_decode into `out`, at the default partition: the torch op (torch.ops.conveyor.paged_decode_into)

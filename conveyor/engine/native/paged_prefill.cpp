@@ -1,7 +1,8 @@
 // Paged prefill attention on CPU: every prefill chunk of a step in one call, K/V read in place
 // through the block tables (layout: see paged_decode.cpp; K is [head_dim, block_size] per block
-// and head; elements fp32 or bfloat16, widened as loaded). The torch path gathers each chunk's context and runs SDPA chunk by chunk (~60 GFLOP/s
-// on causal chunks); here a step's chunks are cut into tasks that run side by side.
+// and head; elements fp32 or bfloat16, widened as loaded). The torch path gathers each chunk's
+// context and runs SDPA chunk by chunk, slowly on causal chunks; here a step's chunks are cut into
+// tasks that run side by side (docs/engine.md, "Prefill attention", has the figures).
 //
 // One task = (chunk, KV head, tile of up to kTile query rows). The tile's G * rows query vectors
 // (the whole GQA group of each row: K/V loaded once for all of them) walk the key blocks in order
@@ -16,7 +17,7 @@
 // and the same operation order in every group; extra terms from a partner's wider range are
 // fma(0, v, acc) = acc. So a row's output is the same alone or in any batch, any chunking of its
 // prompt, any tile boundary and any thread count.
-// Only the torch headers used here: <torch/extension.h> takes ~30 s to parse per file.
+// Only the torch headers used here: <torch/extension.h> pulls in all of torch's and is slow to parse.
 #include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
