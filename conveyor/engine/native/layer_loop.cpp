@@ -59,7 +59,7 @@ struct Layer {
   int64_t window;  // sliding window, -1: full causal
 };
 
-// One step's attention metadata (engine/attention/torch_paged.py's NativePlan).
+// One step's attention metadata (conveyor/engine/attention/base.py's NativePlan, made by cpu.py).
 struct StepAttention {
   at::Tensor slots;                                  // [rows] int64 cache slot of each new token
   std::optional<at::Tensor> decode_tables, context;  // the decode rows' int32 block tables, contexts

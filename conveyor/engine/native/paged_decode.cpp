@@ -450,7 +450,7 @@ at::Tensor paged_decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at
 constexpr int64_t kPartition = 256;
 
 // paged_decode into `out`, at the default partition: the torch op (torch.ops.conveyor.paged_decode_into)
-// that the model's C++ layer loop (engine/model/layer_loop.cpp, another extension) calls through the
+// that the model's C++ layer loop (layer_loop.cpp, in the fused ops' extension) calls through the
 // dispatcher.
 void paged_decode_into(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor tables, at::Tensor context,
                        double scale, int64_t window, at::Tensor out) {
