@@ -27,7 +27,7 @@ import torch
 
 from conveyor.launcher.redis_cluster import LocalCluster
 from conveyor.launcher.redis_server import EmbeddedRedis, free_port
-from tests.readiness import BIND_CONFLICT, answers, wait_until
+from tests.readiness import BIND_CONFLICT, answers, wait_until, without_polls
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER = os.environ.get("CONVEYOR_TEST_REDIS") == "cluster"
@@ -100,7 +100,8 @@ class RunningService:
     log_starts: dict[str, int] = field(default_factory=dict)  # name → its log's size when last started
 
     def logs(self) -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(self.log_dir.glob("*.log")))
+        return "\n".join(f"--- {p.name}\n{without_polls(p.read_text())[-3000:]}"
+                         for p in sorted(self.log_dir.glob("*.log")))
 
     def spawn(self, name: str) -> None:
         """Starts `name` (its role: the name without the number), picking its port only now: a port

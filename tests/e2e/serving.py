@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from conveyor.launcher.redis_server import free_port
-from tests.readiness import BIND_CONFLICT, answers, wait_until
+from tests.readiness import BIND_CONFLICT, answers, wait_until, without_polls
 
 ATTEMPTS = 3
 NO_METRICS_PORTS = ("--worker-metrics-port", "0", "--webhook-metrics-port", "0")
@@ -31,7 +31,7 @@ class Served:
         return self.data_dir / "serve.log"
 
     def logs(self) -> str:
-        return self.log.read_text()[-8000:]
+        return without_polls(self.log.read_text())[-8000:]
 
     def start(self) -> None:
         port = free_port()
