@@ -16,9 +16,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
+import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -27,6 +27,7 @@ import torch
 
 from conveyor.launcher.redis_cluster import LocalCluster
 from conveyor.launcher.redis_server import EmbeddedRedis, free_port
+from tests.readiness import BIND_CONFLICT, answers, wait_until, without_polls
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER = os.environ.get("CONVEYOR_TEST_REDIS") == "cluster"
@@ -86,58 +87,92 @@ async def redis(redis_server: EmbeddedRedis):  # type: ignore[no-untyped-def]
 
 @dataclass
 class RunningService:
+    """The api (`base_url`), engine workers `worker<i>` and webhook processes `webhooks<i>` as real
+    processes under one key prefix; logs in `log_dir/<name>.log`."""
+
     base_url: str
     redis_url: str
     env: dict[str, str]
     processes: dict[str, subprocess.Popen[bytes]]
     log_dir: Path
     metrics_ports: dict[str, int]  # worker name → its /metrics port
+    starts: dict[str, int] = field(default_factory=dict)  # name → times started
+    log_starts: dict[str, int] = field(default_factory=dict)  # name → its log's size when last started
 
     def logs(self) -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(self.log_dir.glob("*.log")))
+        return "\n".join(f"--- {p.name}\n{without_polls(p.read_text())[-3000:]}"
+                         for p in sorted(self.log_dir.glob("*.log")))
+
+    def spawn(self, name: str) -> None:
+        """Starts `name` (its role: the name without the number), picking its port only now: a port
+        picked free can be taken by anyone until it is bound."""
+        own: dict[str, str] = {}
+        if name == "api":
+            port = free_port()
+            self.env["CONVEYOR_PORT"] = str(port)
+            self.base_url = f"http://127.0.0.1:{port}"
+        elif name in self.metrics_ports:
+            self.metrics_ports[name] = free_port()
+            own = {"CONVEYOR_WORKER_METRICS_PORT": str(self.metrics_ports[name])}
+        else:
+            own = {"CONVEYOR_WEBHOOK_METRICS_PORT": "0"}
+        path = self.log_dir / f"{name}.log"
+        self.log_starts[name] = path.stat().st_size if path.exists() else 0
+        self.starts[name] = self.starts.get(name, 0) + 1
+        log = open(path, "ab")  # noqa: SIM115 - closed with the process
+        self.processes[name] = subprocess.Popen([sys.executable, "-m", "conveyor", name.rstrip("0123456789")],
+                                                env={**self.env, **own}, cwd=REPO, stdout=log, stderr=log)
+
+    def respawn(self, name: str) -> bool:
+        """Starts `name` again on another port when it exited because its port was taken (another
+        process on the machine bound it between our pick and its bind); at most 3 times."""
+        with open(self.log_dir / f"{name}.log", "rb") as log:
+            log.seek(self.log_starts[name])
+            conflict = BIND_CONFLICT.search(log.read().decode(errors="replace"))
+        if not conflict or self.starts[name] >= 3:
+            return False
+        self.spawn(name)
+        return True
+
+    def workers_ready(self) -> int:
+        """Workers with a live heartbeat, as the api's /ready counts them (0: none or no answer)."""
+        try:
+            answer = httpx.get(self.base_url + "/ready", timeout=5)
+        except httpx.HTTPError:
+            return 0
+        return int(answer.json().get("workers") or 0) if answer.status_code == 200 else 0
+
+    def wait_ready(self, workers: int = 1) -> None:
+        """Until /ready counts `workers` live workers (theirs or others' on the same prefix)."""
+        wait_until(lambda: self.workers_ready() >= workers, f"{workers} worker(s) ready (/ready)",
+                   self.processes, self.logs, respawn=self.respawn)
 
 
 def start_service(tmp: Path, redis_url: str, extra_env: dict[str, str] | None = None,
                   workers: int = 1, webhook_workers: int = 0) -> RunningService:
     """The api, `workers` engine workers and `webhook_workers` webhook delivery processes, under a
-    key prefix of their own; returns once the api answers /health."""
-    port = free_port()
+    key prefix of their own; returns once the api answers /health and, with workers, once /ready
+    counts every one of them."""
     env = {
         **os.environ,
         "REDIS_URL": redis_url,
-        "CONVEYOR_PORT": str(port),
-        "CONVEYOR_KEY_PREFIX": f"test{port}",
+        "CONVEYOR_KEY_PREFIX": f"test{uuid.uuid4().hex[:8]}",
         "CONVEYOR_KV_CACHE_MEMORY": "256MiB",
         "CONVEYOR_LOG_LEVEL": "info",
         **(extra_env or {}),
     }
-    processes: dict[str, subprocess.Popen[bytes]] = {}
-    metrics_ports = {f"worker{i}": free_port() for i in range(workers)}
-    roles = [*((f"worker{i}", "worker") for i in range(workers)),
-             *((f"webhooks{i}", "webhooks") for i in range(webhook_workers)), ("api", "api")]
-    for name, role in roles:
-        log = open(tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
-        own = {"CONVEYOR_WORKER_METRICS_PORT": str(metrics_ports[name])} if name in metrics_ports else {}
-        if role == "webhooks":
-            own = {"CONVEYOR_WEBHOOK_METRICS_PORT": "0"}
-        processes[name] = subprocess.Popen(
-            [sys.executable, "-m", "conveyor", role], env={**env, **own}, cwd=REPO, stdout=log, stderr=log
-        )
-    service = RunningService(f"http://127.0.0.1:{port}", redis_url, env, processes, tmp, metrics_ports)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        for name, proc in processes.items():
-            if proc.poll() is not None:
-                stop_service(service)
-                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{service.logs()}")
-        try:
-            if httpx.get(service.base_url + "/health", timeout=1).status_code == 200:
-                return service
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    stop_service(service)
-    raise RuntimeError("service did not come up:\n" + service.logs())
+    service = RunningService("", redis_url, env, {}, tmp, {f"worker{i}": 0 for i in range(workers)})
+    try:
+        for name in [*service.metrics_ports, *(f"webhooks{i}" for i in range(webhook_workers)), "api"]:
+            service.spawn(name)
+        wait_until(lambda: answers(service.base_url + "/health"), "the api answers /health",
+                   service.processes, service.logs, respawn=service.respawn)
+        if workers:
+            service.wait_ready(workers)
+    except BaseException:
+        stop_service(service)
+        raise
+    return service
 
 
 def stop_service(service: RunningService) -> None:

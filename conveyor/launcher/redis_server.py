@@ -20,8 +20,15 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 
+PORT_ATTEMPTS = 3
+
+
 class RedisServerError(RuntimeError):
     pass
+
+
+class PortTaken(RedisServerError):
+    """valkey-server could not bind its port: another process holds it."""
 
 
 def server_binary() -> Path:
@@ -43,6 +50,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _port_taken(server_log: Path, since: int) -> bool:
+    """Whether the server's log, from byte `since`, says its port was in use."""
+    try:
+        with open(server_log, "rb") as f:
+            f.seek(since)
+            return b"address already in use" in f.read().lower()
+    except OSError:
+        return False
+
+
 def _die_with_parent() -> None:
     # Linux: the server gets SIGTERM when the process that started it dies, even by SIGKILL.
     try:
@@ -57,6 +74,7 @@ class EmbeddedRedis:
                  extra_args: tuple[str, ...] = ()) -> None:
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
+        self.picked_port = not port  # ours to change if someone binds it before the server does
         self.appendfsync = appendfsync
         self.extra_args = extra_args  # e.g. cluster mode (conveyor/launcher/redis_cluster.py)
         self.process: subprocess.Popen[bytes] | None = None
@@ -66,7 +84,23 @@ class EmbeddedRedis:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> EmbeddedRedis:
+        """Starts the server; a port picked free and taken before the server bound it (by another
+        process on the machine) is picked again, up to PORT_ATTEMPTS times."""
+        attempt = 1
+        while True:
+            try:
+                return self._start(timeout)
+            except PortTaken:
+                if not self.picked_port or attempt == PORT_ATTEMPTS:
+                    raise
+                log.info("port %d was taken before valkey-server bound it: picking another", self.port)
+                self.port = free_port()
+                attempt += 1
+
+    def _start(self, timeout: float) -> EmbeddedRedis:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        server_log = self.data_dir / "server.log"
+        log_start = server_log.stat().st_size if server_log.exists() else 0
         args = [
             str(server_binary()),
             "--bind", "127.0.0.1",
@@ -87,6 +121,8 @@ class EmbeddedRedis:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                if _port_taken(server_log, log_start):
+                    raise PortTaken(f"port {self.port} is taken; see {server_log}")
                 raise RedisServerError(
                     f"valkey-server exited with {self.process.returncode}; see "
                     f"{self.data_dir / 'server.log'} (is port {self.port} taken?)"

@@ -10,7 +10,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from redis import Redis
 
@@ -65,15 +64,6 @@ def blocks_used(service: RunningService) -> int:
         return WorkerInfo.model_validate_json(redis.get(key)).load.blocks_used
 
 
-def wait_ready(service: RunningService, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if httpx.get(service.base_url + "/ready", timeout=5).status_code == 200:
-            return
-        time.sleep(0.2)
-    raise RuntimeError("no worker became ready:\n" + service.logs())
-
-
 @pytest.fixture(scope="session")
 def otlp_collector() -> Iterator[Receiver]:
     """An OTLP/HTTP endpoint on loopback: it keeps every export the services send (POST /v1/traces)."""
@@ -98,11 +88,8 @@ def tiny_service(tmp_path_factory: pytest.TempPathFactory, services_redis: Embed
         "CONVEYOR_LOG_FORMAT": "json",
         "OMP_NUM_THREADS": "1",
     })
-    try:
-        wait_ready(running)
-        yield running
-    finally:
-        stop_service(running)
+    yield running
+    stop_service(running)
 
 
 @pytest.fixture(scope="session")

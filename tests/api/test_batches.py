@@ -16,8 +16,9 @@ import pytest
 
 from conveyor.api.batch.runner import line_job_id
 from conveyor.launcher.redis_server import EmbeddedRedis
-from tests.api.conftest import auth, keys_of, redis_of, until, wait_ready
+from tests.api.conftest import auth, keys_of, redis_of, until
 from tests.conftest import REPO, RunningService, start_service, stop_service
+from tests.readiness import answers, wait_until
 
 WINDOW = 8
 MAX_FILE = 300_000
@@ -39,11 +40,8 @@ def batch_service(tmp_path_factory: pytest.TempPathFactory, services_redis: Embe
         "CONVEYOR_MAX_BATCH_REQUESTS": str(MAX_LINES),
         "OMP_NUM_THREADS": "1",
     })
-    try:
-        wait_ready(running)
-        yield running
-    finally:
-        stop_service(running)
+    yield running
+    stop_service(running)
 
 
 def client(service: RunningService, key: str = "key-alice") -> openai.OpenAI:
@@ -275,15 +273,9 @@ def test_a_batch_goes_on_after_its_api_restarts(batch_service: RunningService) -
     log = open(batch_service.log_dir / "api-restarted.log", "wb")  # noqa: SIM115 - closed with the process
     batch_service.processes["api"] = subprocess.Popen([sys.executable, "-m", "conveyor", "api"],
                                                       env=batch_service.env, cwd=REPO, stdout=log, stderr=log)
-    until(lambda: _answers(batch_service), "the new api answers", 120)
+    wait_until(lambda: answers(batch_service.base_url + "/health"), "the new api answers /health",
+               batch_service.processes, batch_service.logs)
     done = wait_status(c, batch.id, ENDED)
     assert done.status == "completed" and done.request_counts.completed == 60
     out = content_lines(c, done.output_file_id)
     assert sorted(x["custom_id"] for x in out) == sorted(f"l{i}" for i in range(60))  # each once
-
-
-def _answers(service: RunningService) -> bool:
-    try:
-        return httpx.get(service.base_url + "/health", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.api.conftest import ALICE_SECRET, KEYS, wait_ready
+from tests.api.conftest import ALICE_SECRET, KEYS
 from tests.conftest import REPO, start_service, stop_service
 
 N, IN, OUT = 6, 12, 4
@@ -66,7 +66,6 @@ def test_webhook_mode_measures_submit_to_webhook(tmp_path: Path, services_redis,
         "CONVEYOR_KV_CACHE_MEMORY": "16MiB", "CONVEYOR_WEBHOOK_SECRETS": f"alice={ALICE_SECRET}",
         "CONVEYOR_WEBHOOK_ALLOW": "127.0.0.0/8"}, workers=1, webhook_workers=1)
     try:
-        wait_ready(service)
         (run,) = bench(service, tiny_model_dir, tmp_path / "r.json", "--backend", "jobs",
                        "--jobs-mode", "webhook", "--timeout", "120")["runs"]
     finally:

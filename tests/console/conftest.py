@@ -27,7 +27,7 @@ from conveyor.jobqueue.queue import Entry
 from conveyor.launcher.redis_server import EmbeddedRedis
 from conveyor.wire.job import JobEvent, JobResult, JobSpec, JobStatus, RecordField, StoppingSpec
 from conveyor.worker.publisher import Publisher
-from tests.api.conftest import KEYS, keys_of, redis_of, until, wait_ready
+from tests.api.conftest import KEYS, keys_of, redis_of, until
 from tests.conftest import REPO, RunningService, start_service, stop_service
 
 # The docs' screenshots (docs/console/) are retaken with CONVEYOR_UPDATE_SCREENSHOTS=1; otherwise a
@@ -58,11 +58,8 @@ def console_service(tmp_path_factory: pytest.TempPathFactory, services_redis: Em
         "CONVEYOR_JOB_LEASE_MS": "2000",
         "OMP_NUM_THREADS": "1",
     })
-    try:
-        wait_ready(running)
-        yield running
-    finally:
-        stop_service(running)
+    yield running
+    stop_service(running)
 
 
 def dead_letter(service: RunningService, tenant: str = "alice", reason: str = "delivered 4 times "

@@ -9,14 +9,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
-from conveyor.launcher.redis_server import free_port
-from tests.e2e.test_serve import wait_serving
+from tests.e2e.serving import start_serve
 
 pytestmark = pytest.mark.slow
 
@@ -38,23 +36,12 @@ def lm_eval() -> Path:
 
 @pytest.fixture(scope="module")
 def serve(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path):  # type: ignore[no-untyped-def]
-    tmp = tmp_path_factory.mktemp("lm-eval-serve")
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
-    log_path = tmp / "serve.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "conveyor", "serve", "--port", str(port), "--data-dir", str(tmp),
-             "--model", str(default_model_dir), "--kv-cache-memory", "256MiB"],
-            env=env, stdout=log, stderr=log,
-        )
-    base = f"http://127.0.0.1:{port}"
+    served = start_serve(tmp_path_factory.mktemp("lm-eval-serve"), "--model", str(default_model_dir),
+                         "--kv-cache-memory", "256MiB")
     try:
-        wait_serving(proc, base + "/ready", log_path)
-        yield base, httpx.get(base + "/v1/models", timeout=10).json()["data"][0]["id"]
+        yield served.base_url, httpx.get(served.base_url + "/v1/models", timeout=10).json()["data"][0]["id"]
     finally:
-        proc.terminate()
-        proc.wait(60)
+        served.stop()
 
 
 def run(lm_eval: Path, out: Path, task: str, model: str, model_args: str, *extra: str) -> list[dict]:

@@ -5,6 +5,7 @@ same sources share one build."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -29,15 +30,19 @@ def _in_fresh_process(code: str, env: dict[str, str] | None = None) -> str:
     return out.stdout.strip()
 
 
-def test_a_stale_torch_lock_is_removed_and_the_module_loads() -> None:
+def test_a_stale_torch_lock_is_removed_and_the_module_loads(tmp_path: Path) -> None:
     extensions.build(extensions.GREEDY)  # built (once per machine)
-    build = extensions.build_dir(extensions.GREEDY)
+    shared = extensions.build_dir(extensions.GREEDY)
+    # A copy in a cache of its own (mtimes kept): in the shared cache the lock would stop any other
+    # process loading the module now, such as a worker of another checkout's test run.
+    build = tmp_path / shared.name
+    shutil.copytree(shared, build)
     (build / extensions.TORCH_BATON).write_text("")  # as a killed compile leaves it
     # in a fresh process, as a restarted worker: torch alone would wait for the file forever
     out = _in_fresh_process("""
         from conveyor.engine.native import extensions
         print(callable(extensions.build(extensions.GREEDY).greedy))
-    """)
+    """, env={"TORCH_EXTENSIONS_DIR": str(tmp_path)})
     assert out == "True"
     assert not (build / extensions.TORCH_BATON).exists()
 

@@ -27,8 +27,9 @@ from conveyor.jobqueue.keys import Keys
 from conveyor.launcher.redis_server import EmbeddedRedis
 from conveyor.wire.heartbeat import WorkerInfo
 from conveyor.wire.job import JobEvent, RecordField
-from tests.api.conftest import KEYS, TERMINAL, until, wait_ready
+from tests.api.conftest import KEYS, TERMINAL, until
 from tests.conftest import RunningService, start_service, stop_service
+from tests.readiness import wait_until
 from tests.worker.conftest import Fleet, new_fleet
 
 # Fault tests that live with the code they test; `-m faults` runs them as part of this suite
@@ -81,16 +82,13 @@ class Cluster:
         ids = [f"w{self._next_worker + i}" for i in range(n)]
         self._next_worker += n
         self.fleet.start(*ids, **env)
-        for worker_id in ids:
-            until(lambda w=worker_id: self._heartbeat(w), f"worker {worker_id} up", 180)
+        starting = {worker_id: self.fleet.procs[worker_id] for worker_id in ids}
+        wait_until(lambda: self._heartbeats(ids), f"the heartbeats of {', '.join(ids)}", starting, self.logs)
         return ids
 
-    def _heartbeat(self, worker_id: str) -> bool:
-        proc = self.fleet.procs[worker_id]
-        if proc.poll() is not None:
-            raise RuntimeError(f"{worker_id} exited with {proc.returncode}:\n{self.logs()}")
+    def _heartbeats(self, worker_ids: list[str]) -> bool:
         with self.redis() as r:
-            return bool(r.exists(self.keys.worker(worker_id)))
+            return r.exists(*(self.keys.worker(w) for w in worker_ids)) == len(worker_ids)
 
     def live_workers(self) -> list[str]:
         return [w for w, p in self.fleet.procs.items() if p.poll() is None]
@@ -191,7 +189,7 @@ def start_cluster(log_dir: Path, model_dir: Path, workers: int, worker_env: dict
         cluster.start_api(webhook_workers)
         if workers:
             cluster.start_workers(workers)
-            wait_ready(cluster.apis[0])
+            cluster.apis[0].wait_ready(workers)
     except BaseException:
         cluster.stop()
         raise

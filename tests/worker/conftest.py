@@ -28,6 +28,7 @@ from conveyor.launcher.redis_server import EmbeddedRedis
 from conveyor.settings import Settings
 from conveyor.wire.heartbeat import WorkerInfo
 from conveyor.wire.job import JobEvent, JobResult, JobSpec, JobStatus, RecordField, SamplingSpec, StoppingSpec
+from tests.readiness import await_until
 
 REPO = Path(__file__).resolve().parents[2]
 # Test timing: a worker that misses its heartbeats for 2 s loses its jobs to the others.
@@ -148,15 +149,12 @@ class Fleet(Jobs):
                 env={**self.env, **env}, cwd=REPO, stdout=log, stderr=log,
             )
 
-    async def wait_ready(self, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        for worker_id, proc in self.procs.items():
-            while not await self.redis.exists(self.keys.worker(worker_id)):
-                if proc.poll() is not None:
-                    raise RuntimeError(f"{worker_id} exited with {proc.returncode}:\n{self.logs()}")
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{worker_id} did not come up:\n{self.logs()}")
-                await asyncio.sleep(0.1)
+    async def wait_ready(self) -> None:
+        """Until every started worker's heartbeat is live; fails at once if one exits first."""
+        async def all_beat() -> bool:
+            return all([await self.redis.exists(self.keys.worker(w)) for w in self.procs])
+
+        await await_until(all_beat, f"the heartbeats of {', '.join(self.procs)}", self.procs, self.logs)
 
     def signal(self, worker_id: str, sig: int) -> None:
         self.procs[worker_id].send_signal(sig)

@@ -23,6 +23,7 @@ from standardwebhooks.webhooks import WebhookVerificationError
 from conveyor.launcher.redis_server import free_port
 from conveyor.webhooks.signing import sign
 from conveyor.wire.job import JobStatus, RecordField, Webhook, WebhookDelivery
+from tests.readiness import answers, wait_until
 from tests.receiver import Receiver
 from tests.worker.conftest import REPO, new_spec
 
@@ -64,24 +65,18 @@ async def hooks(local, redis_server, tmp_path: Path) -> AsyncIterator[Hooks]:  #
         "CONVEYOR_WEBHOOK_RETRY_SCHEDULE": "1,1",
         "CONVEYOR_LOG_FORMAT": "json",
     }
-    ports = [free_port(), free_port()]
-    procs = []
-    for i, port in enumerate(ports):
+    running = Hooks(receiver, [], [], tmp_path)
+    for i in range(2):
+        port = free_port()  # picked just before the process binds it
         log = open(tmp_path / f"hooks{i}.log", "wb")  # noqa: SIM115 - closed with the process
-        procs.append(subprocess.Popen([sys.executable, "-m", "conveyor", "webhooks"], cwd=REPO,
-                                      env={**env, "CONVEYOR_WEBHOOK_METRICS_PORT": str(port)},
-                                      stdout=log, stderr=log))
-    running = Hooks(receiver, procs, ports, tmp_path)
-    deadline = time.monotonic() + 60
-    for proc, port in zip(procs, ports, strict=True):
-        while True:
-            assert proc.poll() is None, running.logs()
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=1)
-                break
-            except httpx.HTTPError:
-                assert time.monotonic() < deadline, running.logs()
-                await asyncio.sleep(0.1)
+        running.procs.append(subprocess.Popen([sys.executable, "-m", "conveyor", "webhooks"], cwd=REPO,
+                                              env={**env, "CONVEYOR_WEBHOOK_METRICS_PORT": str(port)},
+                                              stdout=log, stderr=log))
+        running.metrics_ports.append(port)
+    procs = running.procs
+    await asyncio.to_thread(
+        wait_until, lambda: all(answers(f"http://127.0.0.1:{p}/metrics") for p in running.metrics_ports),
+        "both webhook processes serve /metrics", {f"hooks{i}": p for i, p in enumerate(procs)}, running.logs)
     yield running
     receiver.released.set()  # a held request returns, so RQ's warm shutdown ends its job at once
     for proc in procs:
