@@ -22,12 +22,15 @@ STAMP := $(VENV)/.installed
 run: $(STAMP)
 	$(BIN)/conveyor serve
 
+# The C++ kernels are built first, so that no test compiles them under its timeout.
 test: $(STAMP)
+	$(BIN)/conveyor kernels
 	$(BIN)/python -m pytest
 
 # The fault suite alone (it is part of `make test` too): processes and Redis killed or paused under
 # load, poison jobs, hostile input, a soak of 1,000 jobs; see the README's Reliability section.
 test-faults: $(STAMP)
+	$(BIN)/conveyor kernels
 	$(BIN)/python -m pytest -m faults
 
 # The integration suite on a 3-node Redis Cluster on loopback (part of `make test` too, through
@@ -57,7 +60,7 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d build/site
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/engine.py
+	$(BIN)/python -m benchmarks.engine
 
 clean:
 	rm -rf $(VENV)

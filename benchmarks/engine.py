@@ -1,18 +1,16 @@
 """Engine throughput against Hugging Face baselines, in one process, on the default model (fp32).
 
-    .venv/bin/python benchmarks/engine.py                 # both workloads, all three systems
-    .venv/bin/python benchmarks/engine.py --workload peer --skip-hf
-    .venv/bin/python benchmarks/engine.py --skip-hf --max-batch-prefill-tokens 4096,2048,4096  # A-B-A
-    .venv/bin/python benchmarks/engine.py --skip-hf --fused torch,kernel,kernel,torch     # A-B-B-A
-    .venv/bin/python benchmarks/engine.py --skip-hf --fused F.rms_norm,kernel,kernel,F.rms_norm  # the norm alone
-    .venv/bin/python benchmarks/engine.py --skip-hf --admission-order arrival,shortest,shortest,arrival
-    .venv/bin/python benchmarks/engine.py --skip-hf --workload single --min-rows exact,auto,auto,exact
-    .venv/bin/python benchmarks/engine.py --skip-hf --kv-cache-dtype auto,bfloat16,bfloat16,auto
-    .venv/bin/python benchmarks/engine.py --skip-hf --workload mixed --layer-loop python,cpp,cpp,python
+    python -m benchmarks.engine                 # both workloads, all three systems
+    python -m benchmarks.engine --workload peer --skip-hf
+    python -m benchmarks.engine --skip-hf --max-batch-prefill-tokens 4096,2048,4096  # A-B-A
+    python -m benchmarks.engine --skip-hf --admission-order arrival,shortest,shortest,arrival
+    python -m benchmarks.engine --skip-hf --workload single --min-rows exact,auto,auto,exact
+    python -m benchmarks.engine --skip-hf --kv-cache-dtype auto,bfloat16,bfloat16,auto
+    python -m benchmarks.engine --skip-hf --gemm-dtype bfloat16   # the opt-in bf16 GEMMs
 
 Workloads (all requests submitted at once):
   peer   64 requests, 256 random-token prompts, exactly 128 new tokens (EOS ignored): the workload
-         ../shared/peers/ runs against vLLM's CPU build.
+         benchmarks/peers.py runs against vLLM's CPU build.
   mixed  64 requests, prompt lengths uniform in 32–512, output lengths uniform in 16–256 (seeded).
   single one peer request alone (named only; not in "both"): one stream's time per token.
 Systems: (a) HF `generate` one request at a time (on the first --one-at-a-time requests: its rate
@@ -21,20 +19,15 @@ until its longest output), (c) this engine. Model FLOP utilisation = model FLOPs
 (2 × parameters used per token, per token processed; then also with attention's FLOPs added, as
 PaLM's MFU counts them: benchmarks/model_flops.py) ÷ the fp32 matmul peak measured here: the
 fastest of torch.mm (MKL) and oneDNN on a 2048 × 2048 matmul (the bf16 peak, oneDNN's, under
-CONVEYOR_CPU_GEMM=bf16: `CONVEYOR_CPU_GEMM=bf16 benchmarks/engine.py` measures that mode), measured
+--gemm-dtype bfloat16, which measures that mode), measured
 before the runs (each leg's line) and again after them (the closing table divides every leg by the
 higher reading). With several
 --max-batch-prefill-tokens the engine runs the workload once per budget, in that order, in one
 process; each run prints TTFT p50/p99 (from submitting all requests to a request's first token)
-and TPOT p50 (mean time per token after the first, per request). --fused does the same for the
-forward's elementwise ops: `kernel` conveyor/engine/model/fused_ops.cpp (its rms_norm included),
-`F.rms_norm` the same with torch's F.rms_norm (as before 2026-12-03), `torch` the torch ops (what
-CONVEYOR_CPU_FUSED=torch gives), switched on the one loaded model; --admission-order the
+and TPOT p50 (mean time per token after the first, per request). --admission-order the
 order in which waiting requests are started (EngineConfig.admission_order); --min-rows the
 row count a step's GEMMs are padded to (`exact`: the fewest the model found exact at load; `auto`,
 the default: the fastest count from there, timed at load, conveyor/engine/model/row_padding.py);
---layer-loop the forward's loop over the layers (`cpp`: one call
-of conveyor/engine/model/layer_loop.cpp where it is built, `python`: Llama.forward's loop, the same kernels);
 --kv-cache-dtype the KV cache's element type (EngineConfig.
 kv_cache_dtype; outermost: one engine per value, each loaded once, runs alternating in the order given).
 """
@@ -47,18 +40,15 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.model_flops import attention_flops, flops_per_token  # noqa: E402
-from conveyor.engine.config import EngineConfig  # noqa: E402
-from conveyor.engine.engine import Engine  # noqa: E402
-from conveyor.engine.loader import resolve_model  # noqa: E402
-from conveyor.engine.model.linear import Linear, bf16_gemms  # noqa: E402
-from conveyor.engine.params import StoppingParams  # noqa: E402
+from benchmarks.model_flops import attention_flops, flops_per_token
+from conveyor.engine.config import EngineConfig
+from conveyor.engine.engine import Engine
+from conveyor.engine.loader import resolve_model
+from conveyor.engine.model.linear import Linear
+from conveyor.engine.params import StoppingParams
 
 
 @dataclass
@@ -95,18 +85,18 @@ def workload(name: str, vocab: int, n: int = 64) -> list[Request]:
     ]
 
 
-def matmul_peak(seconds: float = 3.0) -> dict[str, float]:
+def matmul_peak(seconds: float = 3.0, bf16: bool = False) -> dict[str, float]:
     """FLOP/s of a 2048 x 2048 fp32 matmul, by each GEMM library torch has here.
 
     torch.mm runs MKL's sgemm; oneDNN, which the engine uses on CPU, is faster on some CPUs (on
     the AMD EPYC of the development machine 212 against 176 GFLOP/s). Utilisation is reported
-    against the fastest of them, so that a faster library cannot inflate it. Under
-    CONVEYOR_CPU_GEMM=bf16 the engine's own GEMM is oneDNN's in bfloat16, and so is its candidate
+    against the fastest of them, so that a faster library cannot inflate it. With `bf16` (the
+    engine's gemm_dtype bfloat16) the engine's own GEMM is oneDNN's in bfloat16, and so is its candidate
     (named so): utilisation is then against the bfloat16 peak.
     """
     a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
     candidates = {"torch.mm (MKL)": lambda: a @ b}
-    linear = Linear(b.t().contiguous())  # the engine's own GEMM: x @ weight.T = a @ b
+    linear = Linear(b.t().contiguous(), bf16=bf16)  # the engine's own GEMM: x @ weight.T = a @ b
     if linear.packed:
         candidates["oneDNN bf16" if linear.bf16 else "oneDNN"] = lambda: linear(a)
     peaks = {}
@@ -193,17 +183,6 @@ def run_engine(engine: Engine, requests: list[Request]) -> tuple[Result, float, 
         engine.overhead_share(min_batch=len(requests)), latency
 
 
-def set_fused(engine: Engine, path: str, module: object, lanes: int) -> None:
-    """The model's elementwise ops: `kernel` fused (conveyor/engine/model/fused_ops.py, its rms_norm
-    included), `F.rms_norm` the same with torch's F.rms_norm for the norm, `torch` torch's ops."""
-    if path not in ("kernel", "F.rms_norm", "torch"):
-        sys.exit(f"--fused: {path!r} is not kernel, F.rms_norm or torch")
-    model = engine.runner.model
-    on = path != "torch" and module is not None
-    model.fused, model.fused_norm = (module if on else None), on  # type: ignore[assignment]
-    model.norm_lanes = lanes if path == "kernel" else 0
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -214,38 +193,36 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-batch-prefill-tokens", default=str(EngineConfig().max_batch_prefill_tokens),
                         help="comma-separated budgets: one engine run per budget, in this order")
-    parser.add_argument("--fused", default="kernel",
-                        help="comma-separated 'kernel'/'torch': one engine run per entry (per budget)")
     parser.add_argument("--admission-order", default=EngineConfig().admission_order,
-                        help="comma-separated 'shortest'/'arrival': one engine run per entry (per budget"
-                             " and --fused entry), in this order")
+                        help="comma-separated 'shortest'/'arrival': one engine run per entry (per budget),"
+                             " in this order")
     parser.add_argument("--min-rows", default="auto",
                         help="comma-separated 'auto' (the fastest count, timed at load), 'exact' (the fewest"
                              " exact rows, checked at load) or a number: the rows a step's GEMMs are padded"
                              " to; one engine run per entry (innermost)")
-    parser.add_argument("--layer-loop", default="cpp",
-                        help="comma-separated 'cpp'/'python': one engine run per entry (per --fused entry)")
+    parser.add_argument("--gemm-dtype", choices=["auto", "bfloat16"], default="auto",
+                        help="the layers' GEMMs (EngineConfig.gemm_dtype)")
     parser.add_argument("--kv-cache-dtype", default="auto",
                         help="comma-separated 'auto'/'bfloat16': one engine run per entry (outermost)")
     args = parser.parse_args()
     budgets = [int(b) for b in args.max_batch_prefill_tokens.split(",")]
     torch.set_num_threads(args.threads)
 
-    kind = "bf16" if bf16_gemms() else "fp32"
-    print(f"measuring the {kind} matmul peak ...", file=sys.stderr)
-    peaks = matmul_peak()
+    bf16 = args.gemm_dtype == "bfloat16"
+    peaks = matmul_peak(bf16=bf16)
+    kind = "bf16" if any("bf16" in name for name in peaks) else "fp32"
     peak = max(peaks.values())
     measured = ", ".join(f"{name} {flops / 1e9:.0f}" for name, flops in peaks.items())
     print(f"{kind} matmul peak: {peak / 1e9:.0f} GFLOP/s on {args.threads} threads ({measured})")
     source = resolve_model(None)
     kv_dtypes = args.kv_cache_dtype.split(",")
-    # kv dtype -> engine, its fused ops, the rows chosen at load, norm lanes, C++ layer loop
-    engines: dict[str, tuple[Engine, object, int, int, object]] = {}
+    # kv dtype -> engine, the rows chosen at load
+    engines: dict[str, tuple[Engine, int]] = {}
     for kv in dict.fromkeys(kv_dtypes):
-        config = EngineConfig(enable_prefix_caching=False, kv_cache_memory=4 * 1024**3, kv_cache_dtype=kv)
+        config = EngineConfig(enable_prefix_caching=False, kv_cache_memory=4 * 1024**3, kv_cache_dtype=kv,
+                              gemm_dtype=args.gemm_dtype)
         engine = Engine.from_pretrained(source.path, config)
-        model = engine.runner.model
-        engines[kv] = (engine, model.fused, model.min_rows, model.norm_lanes, model.layer_stack)
+        engines[kv] = (engine, engine.runner.model.min_rows)
     hf = None
     if not args.skip_hf:
         from transformers import AutoModelForCausalLM
@@ -272,28 +249,18 @@ def main() -> None:
                   f"({r.seconds:.1f} s)")
         orders = args.admission_order.split(",")
         min_rows = args.min_rows.split(",")
-        loops = args.layer_loop.split(",")
-        if not set(loops) <= {"cpp", "python"}:
-            sys.exit(f"--layer-loop: {args.layer_loop!r} is not a list of cpp and python")
-        legs = ((kv, o, b, p, m, lo) for kv in kv_dtypes for o in orders for p in args.fused.split(",")
-                for lo in loops for b in budgets for m in min_rows)
-        for kv, order, budget, path, rows, loop in legs:
-            engine, fused, auto_rows, lanes, stack = engines[kv]
-            if loop == "cpp" and stack is None and len(loops) > 1:
-                sys.exit("--layer-loop cpp: the C++ layer loop is not built or not usable here "
-                         "(conveyor/engine/model/layer_stack.py says when), nothing to compare")
-            engine.runner.model.layer_stack = stack if loop == "cpp" else None
+        legs = ((kv, o, b, m) for kv in kv_dtypes for o in orders for b in budgets for m in min_rows)
+        for kv, order, budget, rows in legs:
+            engine, auto_rows = engines[kv]
             engine.config.max_batch_prefill_tokens = budget  # the scheduler reads the same config
             engine.config.admission_order = order
-            set_fused(engine, path, fused, lanes)
             model = engine.runner.model  # min_rows is set per leg; exact_rows never changes
             model.min_rows = {"auto": auto_rows, "exact": model.exact_rows}.get(rows) or int(rows)
             ours, overhead, latency = run_engine(engine, requests)
-            label = f"{ours.name} @{budget}" + ("" if args.fused == "kernel" else f" {path}")
+            label = f"{ours.name} @{budget}"
             label += "" if len(kv_dtypes) == 1 else f" kv {kv}"
             label += "" if len(orders) == 1 else f" {order}"
             label += "" if len(min_rows) == 1 else f" rows>={model.min_rows}"
-            label += "" if len(loops) == 1 else f" loop {loop}"
             print(f"{label:30s} total {ours.total_tps:7.1f} tok/s   "
                   f"output {ours.output_tps:6.1f} tok/s   ({ours.seconds:.1f} s)   {latency}")
             if hf is not None:
@@ -306,16 +273,16 @@ def main() -> None:
                   f"(attention's FLOPs counted too, as PaLM's MFU: {100 * with_attention / peak:.1f} %)")
             print(f"engine CPU time outside the forward, steps at batch >= {len(requests)}: "
                   f"{100 * overhead:.1f} % of the step")
-    report_against_both_peaks(peak, legs_flops)
+    report_against_both_peaks(peak, legs_flops, bf16)
 
 
-def report_against_both_peaks(start_peak: float, legs: list[tuple[str, float, float]]) -> None:
+def report_against_both_peaks(start_peak: float, legs: list[tuple[str, float, float]], bf16: bool) -> None:
     """The peak measured again after the runs, and every leg's utilisation against the higher of the
     two readings: this machine's peak moves by a quarter within an hour, and a slow reading at the
     start would flatter every figure divided by it."""
     if not legs:
         return
-    end_peak = max(matmul_peak().values())
+    end_peak = max(matmul_peak(bf16=bf16).values())
     peak = max(start_peak, end_peak)
     print(f"\nmatmul peak at the start {start_peak / 1e9:.0f}, at the end {end_peak / 1e9:.0f} GFLOP/s; "
           f"utilisation against the higher, {peak / 1e9:.0f}:")

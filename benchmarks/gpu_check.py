@@ -1,8 +1,8 @@
 """The prepared GPU check (issue #18): correctness of the Triton attention path on CUDA, decode and
 prefill speed of a Llama-3-8B-shaped model against ceilings measured in the same run.
 
-    bash scripts/gpu_check.sh            # the wrapper: time bound, output folder ($OUT if set)
-    python benchmarks/gpu_check.py --out DIR  # the same without the bound
+    bash benchmarks/gpu_check.sh          # the wrapper: time bound, output folder ($OUT if set)
+    python -m benchmarks.gpu_check --out DIR  # the same without the bound
 
 Parts: (a) correctness (benchmarks/gpu_correctness.py): a small random Llama's greedy output through
 ModelRunner against Hugging Face's, alone vs together, CUDA graphs on vs off, for attention
@@ -32,11 +32,9 @@ from typing import Any
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-# Run as a script, sys.path[0] is bench/, whose engine.py would shadow the engine package.
-sys.path[:] = [str(REPO)] + [p for p in sys.path if Path(p or ".").resolve() not in (REPO, REPO / "bench")]
-from benchmarks.gpu_check_table import table  # noqa: E402
+from benchmarks.gpu_check_table import table
 
+REPO = Path(__file__).resolve().parents[1]
 NEEDS = ("torch", "triton", "transformers", "numpy")
 CUDA_TEST = REPO / "tests/engine/test_attention_cuda.py"
 _T0 = time.perf_counter()
@@ -107,7 +105,7 @@ def write(results: dict[str, Any], out_dir: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=REPO / "bench/results/gpu-check")
+    ap.add_argument("--out", type=Path, default=REPO / "benchmarks/results/gpu-check")
     ap.add_argument("--tiny", action="store_true", help="a tiny correctness model (the test's), few tokens")
     ap.add_argument("--decode-batches", default="1,8,32,128")
     ap.add_argument("--context", type=int, default=1000)

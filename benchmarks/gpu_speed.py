@@ -29,7 +29,6 @@ from typing import Any
 
 import torch
 
-from benchmarks.runner_micro import random_sequences
 from conveyor.engine.config import EngineConfig
 from conveyor.engine.model_runner import ModelRunner
 from conveyor.engine.sequence import Sequence
@@ -168,7 +167,12 @@ def _sequences(runner: ModelRunner, n: int, length: int, seed: int) -> list[Sequ
     rng = random.Random(seed)
     free = list(range(runner.num_blocks))
     rng.shuffle(free)
-    return random_sequences(runner, n, length, rng, free)
+    seqs = []
+    for i in range(n):
+        seq = Sequence(f"s{i}", [rng.randrange(runner.vocab_size) for _ in range(length)])
+        seq.block_table = [free.pop() for _ in range(-(-length // runner.block_size))]
+        seqs.append(seq)
+    return seqs
 
 
 def decode(

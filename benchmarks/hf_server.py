@@ -1,7 +1,7 @@
 """The naive baseline for benchmarks/peers.py: Hugging Face `generate` behind a minimal OpenAI
 `/v1/completions` server (streaming, `ignore_eos`, greedy).
 
-    python benchmarks/hf_server.py MODEL_DIR --port 8200 [--batch-size 16]
+    python -m benchmarks.hf_server MODEL_DIR --port 8200 [--batch-size 16]
 
 Requests that wait when a batch starts (at most --batch-size) are run together as one padded static
 batch (left padding; the batch runs to its longest output): what a user gets from `generate` with no

@@ -1,9 +1,9 @@
 """Full stack vs the engine alone, on the same requests, in one sitting, and where the full stack's
 extra time goes.
 
-    .venv/bin/python benchmarks/overhead.py                       # peer: engine, full, engine, full, engine
-    .venv/bin/python benchmarks/overhead.py --workload mixed --order full,engine,full
-    .venv/bin/python benchmarks/overhead.py --num-prompts 8       # a smoke run
+    python -m benchmarks.overhead                       # peer: engine, full, engine, full, engine
+    python -m benchmarks.overhead --workload mixed --order full,engine,full
+    python -m benchmarks.overhead --num-prompts 8       # a smoke run
 
 Legs, each in its own processes and self-contained (start, warm, measure, stop):
   engine  the engine in a child process (as benchmarks/engine.py: every request added at once, stepped
@@ -35,22 +35,21 @@ from typing import Any
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks.overhead_report import report
+from benchmarks.peer_servers import SERVED, server, vocab_size, warmup_requests
+from benchmarks.procstat import delta, snapshot
+from conveyor.bench.options import Options
+from conveyor.bench.run import RunConfig, run
+from conveyor.bench.workloads import HFTokenizer, Request, random_workload, stream_client_workload
 
-from benchmarks.overhead_report import report  # noqa: E402
-from benchmarks.peer_servers import SERVED, server, vocab_size, warmup_requests  # noqa: E402
-from benchmarks.procstat import delta, snapshot  # noqa: E402
-from conveyor.bench.options import Options  # noqa: E402
-from conveyor.bench.run import RunConfig, run  # noqa: E402
-from conveyor.bench.workloads import HFTokenizer, Request, random_workload, stream_client_workload  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 PORT, METRICS_PORT = 18320, 18321
 _STEP = re.compile(r'^tgi_batch_inference_duration_(sum|count)\{method="(\w+)"\} ([0-9.eE+-]+)$', re.M)
 
 
 def requests_of(workload: str, model_dir: Path, n: int, text: bool) -> list[Request]:
-    if workload == "mixed":  # ../shared/peers/stream-client.py MIXED=1's requests (token ids)
+    if workload == "mixed":  # the stream-client recipe's mixed requests (token ids)
         return stream_client_workload(vocab_size(model_dir), n, True)
     return random_workload(HFTokenizer(model_dir), n, 256, 128, 0, as_ids=not text)
 
@@ -117,8 +116,9 @@ def run_engine(args: argparse.Namespace) -> dict[str, Any]:
     requests_file = args.out / f"requests-{args.workload}-{args.num_prompts}.json"
     reqs = requests_of(args.workload, args.model_dir, args.num_prompts, text=False)
     requests_file.write_text(json.dumps([[list(r.prompt), r.output_len] for r in reqs]))
-    cmd = [sys.executable, __file__, "--leg", "engine", "--requests-file", str(requests_file),
-           "--model-dir", str(args.model_dir), "--kv-cache-memory", args.kv_cache_memory, "--out", str(out)]
+    cmd = [sys.executable, "-m", "benchmarks.overhead", "--leg", "engine",
+           "--requests-file", str(requests_file), "--model-dir", str(args.model_dir),
+           "--kv-cache-memory", args.kv_cache_memory, "--out", str(out)]
     subprocess.run(cmd, check=True, cwd=REPO)
     return json.loads(out.read_text())
 
@@ -154,7 +154,8 @@ def main() -> int:
     p.add_argument("--kv-cache-memory", default="4GiB",
                    help="both legs' KV budget, so neither reserves more of a busy machine's memory "
                         "[default: %(default)s, as benchmarks/engine.py]")
-    p.add_argument("--out", type=Path, default=Path("/tmp/conveyor-overhead"))
+    p.add_argument("--out", type=Path, default=REPO / "benchmarks/results/overhead",
+                   help="[default: %(default)s]")
     p.add_argument("--leg", choices=["engine"], help=argparse.SUPPRESS)  # the child process's part
     p.add_argument("--requests-file", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--quiet", action="store_true")

@@ -1,25 +1,26 @@
 """Conveyor side by side with its peers, in one sitting, on this machine: the same requests with
 the same client (`conveyor bench`'s) against
   (1) Conveyor, full stack (`conveyor serve`, default model, prefix caching off), run twice (a and b),
-  (2) vLLM's CPU build serving the same converted weights (its venv from ../shared/peers/setup-vllm.sh),
+  (2) vLLM's CPU build serving the same converted weights (--peers-dir: the folder holding its
+      serve-vllm.sh, which runs vLLM from the venv --vllm-venv),
   (3) Hugging Face `generate` behind benchmarks/hf_server.py (the naive baseline),
 in the order Conveyor a, vLLM, HF, Conveyor b (A-B-A: the drift within the sitting shows as b/a).
 Each system is started, warmed, measured on every workload in turn, and stopped before the next.
 Workloads (--workloads):
   peer     64 x 256 random tokens in (vLLM's random dataset, seed 0, as text), exactly 128 out, all at once
-  mixed    64 prompts of 32-512 random token ids, outputs 16-256 (seeded as ../shared/peers/
-           stream-client.py MIXED=1 makes them), all at once
+  mixed    64 prompts of 32-512 random token ids, outputs 16-256 (seeded: conveyor.bench.workloads'
+           stream-client recipe), all at once
   poisson  the peer requests arriving at --poisson-rate req/s (Poisson, seeded)
   prefill  (only when named) the mixed prompts with one output token each, all at once: prefill speed
 Then vLLM's own client (`vllm bench serve`, peer workload) against (1a) and (2), Conveyor with SSE
 keep-alives off (`--sse-keepalive-s 0`: that client jams on a lone SSE comment). Prints one table
 per workload, each figure's ratio to Conveyor's; a peer that cannot run is named, with why.
 
-    .venv/bin/python benchmarks/peers.py --out /tmp/peers-all            # everything (HF: all 64, slow)
-    .venv/bin/python benchmarks/peers.py --hf-num-prompts 16 --hf-workloads peer,mixed --no-vllm-client  # ~10 min
-    .venv/bin/python benchmarks/peers.py --workloads peer --systems conveyor,vllm --no-vllm-client
-    .venv/bin/python benchmarks/peers.py --dtype bf16 --systems conveyor,vllm --no-vllm-client  # both in bfloat16
-    .venv/bin/python benchmarks/peers.py --num-prompts 8 --hf-num-prompts 4    # a smoke run
+    python -m benchmarks.peers --peers-dir PEERS --out /tmp/peers-all   # everything (HF: all 64, slow)
+    python -m benchmarks.peers --hf-num-prompts 16 --hf-workloads peer,mixed --no-vllm-client  # ~10 min
+    python -m benchmarks.peers --peers-dir PEERS --workloads peer --systems conveyor,vllm --no-vllm-client
+    python -m benchmarks.peers --peers-dir PEERS --dtype bf16 --systems conveyor,vllm --no-vllm-client  # bf16
+    python -m benchmarks.peers --num-prompts 8 --hf-num-prompts 4    # a smoke run
 """
 
 from __future__ import annotations
@@ -36,23 +37,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from benchmarks.peer_servers import SERVED, PeerUnavailable, server, vllm_client, vocab_size, warmup_requests  # noqa: E402
-from benchmarks.peer_table import Row, midpoint, side_by_side, values  # noqa: E402
-from conveyor.bench import plots  # noqa: E402
-from conveyor.bench.options import Options  # noqa: E402
-from conveyor.bench.report import public, table  # noqa: E402
-from conveyor.bench.run import RunConfig, run  # noqa: E402
-from conveyor.bench.workloads import HFTokenizer, Request, random_workload, stream_client_workload  # noqa: E402
+from benchmarks.peer_servers import SERVED, PeerUnavailable, server, vllm_client, vocab_size, warmup_requests
+from benchmarks.peer_table import Row, midpoint, side_by_side, values
+from conveyor.bench import plots
+from conveyor.bench.options import Options
+from conveyor.bench.report import public, table
+from conveyor.bench.run import RunConfig, run
+from conveyor.bench.workloads import HFTokenizer, Request, random_workload, stream_client_workload
 
 SYSTEMS = ("conveyor", "vllm", "hf")
 WORKLOADS = ("peer", "mixed", "poisson")
 EXTRA_WORKLOADS = ("prefill",)  # diagnostics, run only when named in --workloads
-# ../shared/peers beside the checkout (a worktree's sits one level further down).
-PEERS_DIR = next((d for d in (REPO.parent / "shared" / "peers", REPO.parents[1] / "shared" / "peers")
-                  if d.is_dir()), REPO.parent / "shared" / "peers")
 CONVEYOR_A, CONVEYOR_B = "Conveyor a (`conveyor serve`)", "Conveyor b (drift: × a)"
 
 
@@ -61,7 +56,8 @@ def dtype_envs(dtype: str) -> tuple[dict[str, str], dict[str, str]]:
     so explicitly), or bf16 (Conveyor's bfloat16 GEMMs and KV cache, vLLM's whole model and its
     cache in bfloat16)."""
     if dtype == "bf16":
-        return {"CONVEYOR_CPU_GEMM": "bf16", "CONVEYOR_KV_CACHE_DTYPE": "bfloat16"}, {"DTYPE": "bfloat16"}
+        conveyor = {"CONVEYOR_GEMM_DTYPE": "bfloat16", "CONVEYOR_KV_CACHE_DTYPE": "bfloat16"}
+        return conveyor, {"DTYPE": "bfloat16"}
     return {}, {"DTYPE": "float32"}
 
 
@@ -104,14 +100,15 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-aba", dest="aba", action="store_false", help="Conveyor once, not before and after")
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
-                   help="bf16: Conveyor with CONVEYOR_CPU_GEMM=bf16 (its GEMMs in bfloat16; needs a CPU with "
+                   help="bf16: Conveyor with --gemm-dtype bfloat16 (its GEMMs in bfloat16; needs a CPU with "
                         "AVX512_BF16 or AMX) and --kv-cache-dtype bfloat16, vLLM with --dtype bfloat16 (its "
                         "whole model and KV cache); HF stays fp32 "
                         "[default: %(default)s]")
     p.add_argument("--model-dir", type=Path, default=None,
                    help="converted weights [default: Conveyor's default]")
-    p.add_argument("--peers-dir", type=Path, default=PEERS_DIR,
-                   help="serve-vllm.sh's folder [default: %(default)s]")
+    p.add_argument("--peers-dir", type=Path, default=None,
+                   help="the folder of serve-vllm.sh, which starts vLLM (kept outside this repository); "
+                        "without it vLLM's row says so")
     p.add_argument("--vllm-venv", type=Path, default=Path(os.environ.get("VENV", "/tmp/peers/vllm")))
     p.add_argument("--no-vllm-client", dest="vllm_client", action="store_false",
                    help="skip `vllm bench serve` (the peers' own client)")
@@ -120,7 +117,8 @@ def main() -> int:
                    help="HF gets the first N requests of each workload [default: all]")
     p.add_argument("--hf-workloads", default=None,
                    help="the workloads HF runs (it is slow) [default: all of --workloads]")
-    p.add_argument("--out", type=Path, default=Path("/tmp/conveyor-peers"))
+    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results/peers",
+                   help="[default: %(default)s]")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args()
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C: servers stopped, tables printed
@@ -167,8 +165,10 @@ def main() -> int:
         return leg
 
     def vllm_leg() -> dict[str, dict[str, Any]]:
+        if args.peers_dir is None:
+            raise PeerUnavailable("no --peers-dir: the folder of serve-vllm.sh")
         if not vllm_ok:
-            raise PeerUnavailable(f"no vLLM at {args.vllm_venv}: run ../shared/peers/setup-vllm.sh")
+            raise PeerUnavailable(f"no vLLM at {args.vllm_venv} (--vllm-venv)")
         env = {"VENV": str(args.vllm_venv), "MODEL": str(args.model_dir), "PORT": "18301",
                "VLLM_CPU_OMP_THREADS_BIND": "0-1", **vllm_env}
         with server(["bash", str(args.peers_dir / "serve-vllm.sh"), "--no-enable-prefix-caching"],
@@ -181,7 +181,7 @@ def main() -> int:
             return results
 
     def hf_leg() -> dict[str, dict[str, Any]]:
-        cmd = [sys.executable, str(REPO / "bench" / "hf_server.py"), str(args.model_dir),
+        cmd = [sys.executable, "-m", "benchmarks.hf_server", str(args.model_dir),
                "--port", "18302", "--batch-size", str(args.hf_batch_size)]
         with server(cmd, "http://127.0.0.1:18302/v1/models", args.out / "hf.log"):
             mine = {k: v for k, v in loads.items() if k in (args.hf_workloads or args.workloads).split(",")}

@@ -1,9 +1,9 @@
 """What the job path costs Redis, per generated token and per job, and where one node saturates.
 
-    .venv/bin/python benchmarks/redis_cost.py                     # 48 jobs × 64 tokens, 1, 2, 3 workers
-    .venv/bin/python benchmarks/redis_cost.py --jobs 96 --tokens 128 --workers 1,2,3 --load-seconds 15
-    .venv/bin/python benchmarks/redis_cost.py --redis-url redis://host:6379/0   # an existing Redis
-    .venv/bin/python benchmarks/redis_cost.py --cluster --jobs-shards 3   # a fresh 3-node cluster per run
+    python -m benchmarks.redis_cost                     # 48 jobs × 64 tokens, 1, 2, 3 workers
+    python -m benchmarks.redis_cost --jobs 96 --tokens 128 --workers 1,2,3 --load-seconds 15
+    python -m benchmarks.redis_cost --redis-url redis://host:6379/0   # an existing Redis
+    python -m benchmarks.redis_cost --cluster --jobs-shards 3   # a fresh 3-node cluster per run
 
 (1) A fixed workload (the tiny random Llama of the tests, so the engine is never the bottleneck;
     N jobs × M tokens, greedy, EOS ignored) through 1, 2 and 3 worker processes, each run on a
@@ -30,12 +30,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.redis_fleet import Run, run_workload  # noqa: E402
-from benchmarks.redis_load import Load, measure  # noqa: E402
-from conveyor.launcher.redis_cluster import LocalCluster  # noqa: E402
-from conveyor.launcher.redis_server import EmbeddedRedis  # noqa: E402
+from benchmarks.redis_fleet import Run, run_workload
+from benchmarks.redis_load import Load, measure
+from conveyor.launcher.redis_cluster import LocalCluster
+from conveyor.launcher.redis_server import EmbeddedRedis
 
 SHARDS = (1, 3, 6, 12)
 

@@ -2,8 +2,8 @@
 before and after: what the job path costs Redis (benchmarks/redis_cost.py reports it; the test
 tests/worker/test_redis_cost.py checks the same run loses and duplicates nothing).
 
-The jobs are written as the api writes them (conveyor.api.jobpath.store.JobStore: admission + record + stream entry),
-then the workers run them; nobody streams them (no relay, no SSE client: each token's PUBLISH
+The jobs are written as the api writes them (conveyor.api.jobpath.store.JobStore: admission + record +
+stream entry), then the workers run them; nobody streams them (no relay, no SSE client: each token's PUBLISH
 reaches no subscriber). The counters are the server's own: `INFO commandstats` (calls and µs per
 command), `INFO stats` total_commands_processed, total_net_input_bytes / total_net_output_bytes,
 and total_reads_processed: the read events the server handled, one per request the client sent

@@ -30,7 +30,7 @@ from conveyor.api.jobpath.store import JobStore
 from conveyor.jobqueue.client import make_client
 from conveyor.jobqueue.keys import WORKER_GROUP, Keys
 from conveyor.jobqueue.queue import ensure_group
-from conveyor.jobqueue.scripts import Scripts
+from conveyor.jobqueue.scripts.worker import Scripts
 from conveyor.settings import Settings
 from conveyor.wire.job import EventToken, JobEvent, JobResult, JobSpec, JobStatus, StoppingSpec, Usage
 

@@ -1,12 +1,12 @@
 """Where the engine's step time goes, by kind of step, on benchmarks/engine.py's workloads (one process).
 
-    .venv/bin/python benchmarks/step_profile.py                  # peer and mixed, 2 threads
-    .venv/bin/python benchmarks/step_profile.py --workload mixed --json /tmp/mixed.json
-    .venv/bin/python benchmarks/step_profile.py --kv-cache-dtype bfloat16   # the opt-in bf16 KV cache
-    .venv/bin/python benchmarks/step_profile.py --workload mixed --layer-loop python   # the Python loop
+    python -m benchmarks.step_profile                  # peer and mixed, 2 threads
+    python -m benchmarks.step_profile --workload mixed --json /tmp/mixed.json
+    python -m benchmarks.step_profile --kv-cache-dtype bfloat16   # the opt-in bf16 KV cache
+    python -m benchmarks.step_profile --gemm-dtype bfloat16   # the opt-in bf16 GEMMs
 
 Runs the engine in-process on the default model (fp32, prefix caching off, as benchmarks/engine.py
-does) with conveyor/engine/step_timing.py's timers installed, and classifies each step by its batch:
+does) observed by benchmarks/step_timer.py (Engine.observe), and classifies each step by its batch:
 prefill-heavy (prefill tokens are at least half the step's tokens), mixed (some prefill beside more
 decode rows), pure decode. For each kind it prints the share of step time of each piece, as a
 markdown table, and the model FLOP utilisation (benchmarks/engine.py's FLOPs over the fp32 matmul peak
@@ -14,33 +14,31 @@ measured at the start of the same run; measured again at the end, the run's util
 printed against the higher reading), also as it would be were every piece but the GEMMs free (the
 GEMMs' own speed at these steps' row counts: the ceiling of the workload's shapes); pure decode
 steps again by batch rows, with each piece's ms per step. Writes everything
-as JSON too. The timers cost ~1 µs a wrapped call (measured and printed), under 1 % of a step.
+as JSON too. The timer costs ~1 µs a piece (measured and printed), under 1 % of a step.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.engine import matmul_peak, run_engine, workload
+from benchmarks.model_flops import flops_per_token
+from benchmarks.step_timer import StepRecord, StepTimer
+from conveyor.engine.config import EngineConfig
+from conveyor.engine.engine import Engine
+from conveyor.engine.loader import resolve_model
+from conveyor.engine.native import greedy as greedy_kernel
 
-from benchmarks.engine import matmul_peak, run_engine, workload  # noqa: E402
-from benchmarks.model_flops import flops_per_token  # noqa: E402
-from conveyor.engine import greedy_kernel  # noqa: E402
-from conveyor.engine.config import EngineConfig  # noqa: E402
-from conveyor.engine.engine import Engine  # noqa: E402
-from conveyor.engine.loader import resolve_model  # noqa: E402
-from conveyor.engine.model.linear import bf16_gemms  # noqa: E402
-from conveyor.engine.step_timing import StepRecord, StepTimer  # noqa: E402
+RESULTS = Path(__file__).resolve().parent / "results"
 
 KINDS = ("prefill-heavy", "mixed", "pure decode")
-# Table rows: a label and the timer's pieces it sums (conveyor/engine/step_timing.py names them).
+# Table rows: a label and the timer's pieces it sums (benchmarks/step_timer.py names them).
 CATEGORIES = {
     "GEMMs (linear layers + lm_head)": ("gemm", "lm_head"),
     "prefill attention": ("prefill_attention",),
@@ -164,12 +162,12 @@ def unshadow(records: list[StepRecord], times: list[float]) -> None:
 
 
 def timer_cost(n: int = 20000) -> float:
-    """Seconds one wrapped call adds: a no-op timed through the same wrapper."""
+    """Seconds one observed piece adds: its start and stop around nothing."""
     timer = StepTimer()
-    noop = timer._timed("noop", lambda: None)
     start = time.perf_counter()
     for _ in range(n):
-        noop()
+        timer.start("noop")
+        timer.stop("noop")
     return (time.perf_counter() - start) / n
 
 
@@ -179,30 +177,30 @@ def main() -> None:
     parser.add_argument("--workload", choices=["peer", "mixed", "both"], default="both")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--requests", type=int, default=64, help="fewer for a quick check")
-    parser.add_argument("--json", type=Path, default=Path("step_profile.json"),
-                        help="where to write the results")
+    parser.add_argument("--json", type=Path, default=RESULTS / "step_profile.json",
+                        help="where to write the results [default: %(default)s]")
     parser.add_argument("--no-sampler-ab", dest="sampler_ab", action="store_false",
                         help="do not also time the torch sampler path on each step's logits")
     parser.add_argument("--kv-cache-dtype", choices=["auto", "bfloat16"], default="auto",
                         help="the KV cache's element type (EngineConfig.kv_cache_dtype)")
-    parser.add_argument("--layer-loop", choices=["cpp", "python"], default="cpp",
-                        help="the forward's loop over the layers: conveyor/engine/model/layer_loop.cpp where it is "
-                             "built (it times its own calls), or Llama.forward's Python loop")
+    parser.add_argument("--gemm-dtype", choices=["auto", "bfloat16"], default="auto",
+                        help="the layers' GEMMs (EngineConfig.gemm_dtype)")
     args = parser.parse_args()
+    args.json.parent.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)
 
-    peaks = matmul_peak()
+    bf16 = args.gemm_dtype == "bfloat16"
+    peaks = matmul_peak(bf16=bf16)
     peak = max(peaks.values())
-    kind_of_peak = "bf16" if bf16_gemms() else "fp32"  # CONVEYOR_CPU_GEMM=bf16: oneDNN's bf16 GEMM
+    kind_of_peak = "bf16" if any("bf16" in name for name in peaks) else "fp32"  # oneDNN's bf16 GEMM
     print(f"{kind_of_peak} matmul peak: {peak / 1e9:.0f} GFLOP/s on {args.threads} threads ("
           + ", ".join(f"{name} {f / 1e9:.0f}" for name, f in peaks.items()) + ")")
     source = resolve_model(None)
     engine = Engine.from_pretrained(source.path, EngineConfig(
-        enable_prefix_caching=False, kv_cache_memory=4 * 1024**3, kv_cache_dtype=args.kv_cache_dtype))
+        enable_prefix_caching=False, kv_cache_memory=4 * 1024**3, kv_cache_dtype=args.kv_cache_dtype,
+        gemm_dtype=args.gemm_dtype))
     from transformers import AutoConfig
 
-    if args.layer_loop == "python":
-        engine.runner.model.layer_stack = None
     loop = "C++" if engine.runner.model.layer_stack is not None else "Python"
     print(f"layer loop: {loop}")
     f_prompt, f_gen = flops_per_token(AutoConfig.from_pretrained(source.path))
@@ -213,7 +211,7 @@ def main() -> None:
         requests = workload(name, engine.runner.vocab_size, args.requests)
         timer = StepTimer()
         shadow = shadow_sampler(engine) if args.sampler_ab else []
-        with timer.install(engine):
+        with timer.attached(engine):
             result, _, _ = run_engine(engine, requests)
         if args.sampler_ab:
             del engine.sampler.sample  # the shadow
@@ -237,20 +235,19 @@ def main() -> None:
             for rows, s in buckets.items() if s["steps"]))
         print(bucket_table(buckets))
         per_step = timer.calls / max(1, len(records))
-        print(f"timer: {per_step:.0f} wrapped calls a step x {cost * 1e6:.2f} µs = "
-              f"{100 * per_step * cost / (overall['seconds'] / max(1, len(records))):.2f} % of a step"
-              + (f"; not wrapped (absent): {', '.join(timer.missing)}" if timer.missing else ""))
+        print(f"timer: {per_step:.0f} pieces a step x {cost * 1e6:.2f} µs = "
+              f"{100 * per_step * cost / (overall['seconds'] / max(1, len(records))):.2f} % of a step")
         out["workloads"][name] = {
             "requests": len(requests), "prompt_tokens": result.prompt_tokens,
             "output_tokens": result.output_tokens, "seconds": result.seconds,
-            "kinds": by_kind, "all": overall, "pure_decode_by_rows": buckets, "missing": timer.missing,
+            "kinds": by_kind, "all": overall, "pure_decode_by_rows": buckets,
             "calls_per_step": per_step,
         }
         args.json.write_text(json.dumps(out, indent=1))  # after each workload: a long run keeps what it did
         print(f"wrote {args.json}")
     # Measured again after the runs (as benchmarks/engine.py does): this machine's peak moves by a quarter
     # within an hour, and a slow reading at the start flatters every utilisation above.
-    end_peak = max(matmul_peak().values())
+    end_peak = max(matmul_peak(bf16=bf16).values())
     higher = max(peak, end_peak)
     out["peak_flops_end"] = end_peak
     args.json.write_text(json.dumps(out, indent=1))

@@ -172,7 +172,12 @@ class Settings(BaseSettings):
     attention: Literal["auto", "flash-attn", "triton", "torch"] = Field(
         default="auto",
         description="Attention kernels. auto: on CUDA flash-attn if installed, else Triton's; on CPU "
-        "torch with the C++ kernels.",
+        "the C++ kernels (torch where they cannot be built); torch: plain torch on any device.",
+    )
+    gemm_dtype: Literal["auto", "bfloat16"] = Field(
+        default="auto",
+        description="The layers' GEMMs. auto: the model's dtype; bfloat16 (float32 model on a CPU with "
+        "AVX512_BF16 or AMX): ~1.6x faster GEMMs, no longer bit-equal to HF fp32.",
     )
     cuda_graphs: str | None = Field(
         default=None,

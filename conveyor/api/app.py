@@ -17,6 +17,7 @@ from conveyor.api.auth import Auth, load_api_keys
 from conveyor.api.batch.runner import BatchRunner
 from conveyor.api.context import ApiContext
 from conveyor.api.errors import REDIS_FAULTS
+from conveyor.api.fleet import live_workers, ready_state
 from conveyor.api.jobpath.relay import Relay
 from conveyor.api.jobpath.store import JobStore
 from conveyor.api.metrics import ApiMetrics, RequestMetrics
@@ -59,42 +60,6 @@ def _auth(settings: Settings) -> Auth:
     else:
         log.info("API keys configured: %d key(s)", auth.num_keys)
     return auth
-
-
-async def _heartbeats(ctx: ApiContext) -> list[str]:
-    """The workers' heartbeat keys (each lives for one lease after the worker's last beat)."""
-    return [key async for key in ctx.jobs.redis.scan_iter(match=ctx.jobs.keys.workers_pattern, count=1000)]
-
-
-async def ready_state(ctx: ApiContext) -> Ready:
-    """Redis answers and at least one worker heartbeat is live."""
-    try:
-        await ctx.jobs.redis.ping()
-        workers = len(await _heartbeats(ctx))
-    except REDIS_FAULTS as exc:
-        return Ready(status="not_ready", redis=False, workers=0, reason=f"Redis does not answer: {exc}")
-    if workers == 0:
-        return Ready(status="not_ready", redis=True, workers=0, reason="no worker heartbeat")
-    return Ready(status="ready", redis=True, workers=workers)
-
-
-async def live_workers(ctx: ApiContext) -> list[WorkerInfo]:
-    """What the live workers say of themselves; none when Redis does not answer."""
-    try:
-        keys = await _heartbeats(ctx)
-        pipe = ctx.jobs.redis.pipeline(transaction=False)  # not MGET: on a cluster the keys span slots
-        for key in keys:
-            pipe.get(key)
-        raws = await pipe.execute() if keys else []
-    except REDIS_FAULTS:
-        return []
-    infos = []
-    for raw in raws:
-        try:
-            infos.append(WorkerInfo.model_validate_json(raw or ""))
-        except ValueError:  # gone since the scan, or not a worker's heartbeat
-            continue
-    return infos
 
 
 def model_runtime(settings: Settings, workers: list[WorkerInfo]) -> tuple[str, str]:

@@ -7,9 +7,10 @@
   are comparable with the peers'.
 - shared-prefix: the same random system prompt of `prefix_len` tokens before each random prompt
   (prefix-cache hits on servers that cache).
-- stream-client: token-id prompts exactly as ../shared/peers/stream-client.py makes them (Python
-  `random.Random(seed)`; MIXED=1: prompt lengths uniform 32-512, outputs 16-256), so figures taken
-  with that client and with this one are of the same requests.
+- stream-client: token-id prompts from Python's `random.Random(seed)`, the recipe of the streaming
+  client the peer comparisons were first run with: every (prompt, output) length drawn first (mixed:
+  `randint(32, 512)`, then `randint(16, 256)`, per request; else fixed), then each prompt's ids in
+  turn, `randrange(100, vocab_size - 100)`.
 - jsonl: one request a line, `{"prompt": ...}` or `{"messages": [...]}`, optional `max_tokens`.
 Lengths are "N" (fixed) or "LOW-HIGH" (uniform, inclusive).
 """
@@ -107,8 +108,9 @@ def random_workload(tok: Tokenizer, n: int, input_len: str | int, output_len: st
 
 def stream_client_workload(vocab_size: int, n: int, mixed: bool, input_len: int = 256,
                            output_len: int = 128, seed: int = 0) -> list[Request]:
-    """stream-client.py's requests: all lengths drawn first, then each prompt's ids in
-    [100, vocab - 100) (the same draws, in the same order, from the same generator)."""
+    """The stream-client recipe (module docstring): all lengths drawn first, then each prompt's
+    ids in [100, vocab - 100), from one generator in that order, so a seed always makes the same
+    requests."""
     rng = random.Random(seed)
     lens = [(rng.randint(32, 512), rng.randint(16, 256)) if mixed else (input_len, output_len)
             for _ in range(n)]

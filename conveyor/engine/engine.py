@@ -28,6 +28,7 @@ from conveyor.engine.params import SamplingParams, StoppingParams
 from conveyor.engine.sampler import Sampler
 from conveyor.engine.scheduler import Scheduler
 from conveyor.engine.sequence import FinishReason, Sequence
+from conveyor.engine.step_observer import StepObserver
 from conveyor.wire.heartbeat import EngineLoad  # torch-free: the heartbeat and metrics read the same type
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,14 @@ class Engine:
         # (chunks, step seconds, forward seconds) of recent steps: the engine's own overhead.
         self._timings: deque[tuple[int, float, float]] = deque(maxlen=100_000)
         self.last_step: StepInfo | None = None  # the last step that ran a forward
+        self.observer: StepObserver | None = None  # a profiler's (step_observer.py); None: none
+
+    def observe(self, observer: StepObserver | None) -> None:
+        """Report the pieces of every step to `observer` from now on (None: stop)."""
+        self.observer = observer
+        for part in (self.runner, getattr(self.runner, "model", None)):
+            if part is not None and hasattr(part, "observer"):
+                part.observer = observer
 
     @classmethod
     def from_pretrained(cls, path: str | Path, config: EngineConfig | None = None) -> Engine:
@@ -142,8 +151,21 @@ class Engine:
     # --- the step ---------------------------------------------------------------------------
 
     def step(self) -> list[TokenEvent]:
+        if (observer := self.observer) is None:
+            return self._step()
+        observer.start("step")
+        try:
+            return self._step()
+        finally:
+            observer.stop("step")
+
+    def _step(self) -> list[TokenEvent]:
         started = time.perf_counter()
+        if (observer := self.observer) is not None:
+            observer.start("schedule")
         output = self.scheduler.schedule()
+        if observer is not None:
+            observer.stop("schedule")
         events = [e for seq in output.expired for e in self._end(seq, FinishReason.EXPIRED)]
         if output.is_empty:
             return events
@@ -160,7 +182,11 @@ class Engine:
         events += self._scored(output.chunks)
         if sampling_seqs:
             sampling_seqs, logits = self._fork(sampling_seqs, logits)
+            if observer is not None:
+                observer.start("sampler")
             sampled = self.sampler.sample(logits, sampling_seqs)
+            if observer is not None:
+                observer.stop("sampler")
             for seq, token_id, logprob, top in zip(
                 sampling_seqs, sampled.token_ids, sampled.logprobs, sampled.top_tokens, strict=True
             ):

@@ -18,8 +18,8 @@ from contextlib import nullcontext, redirect_stderr
 from pathlib import Path
 from typing import Any
 
-from conveyor.engine.loader import COMPLETE_MARKER, CONVERT_VERSION, ModelError, offline
 from conveyor.engine.model import SUPPORTED_MODEL_TYPES
+from conveyor.engine.model_cache import COMPLETE_MARKER, CONVERT_VERSION, ModelError, offline
 
 _SUPPORTED = ", ".join(SUPPORTED_MODEL_TYPES)
 STAGES = (

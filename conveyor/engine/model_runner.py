@@ -21,6 +21,7 @@ from conveyor.engine.config import EngineConfig
 from conveyor.engine.kv_cache import KVCache, bytes_per_block, plan_num_blocks
 from conveyor.engine.model.llama import Llama
 from conveyor.engine.prompt_logprobs import SLICE_ROWS, score, scored_positions
+from conveyor.engine.step_observer import StepObserver
 from conveyor.engine.step_plan import ScheduledChunk
 
 logger = logging.getLogger(__name__)
@@ -58,6 +59,20 @@ def resolve_kv_dtype(name: str, dtype: torch.dtype, device: torch.device) -> tor
     return torch.bfloat16
 
 
+def resolve_gemm_dtype(name: str, dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The GEMM dtype gemm_dtype `name` asks for beside the model's `dtype`: auto is the model's;
+    bfloat16 below an fp32 model only on CPU (oneDNN's bfloat16 linear)."""
+    if name == "auto" or _DTYPES.get(name) == dtype:
+        return dtype
+    if name != "bfloat16":
+        raise ValueError(f"gemm_dtype must be auto or bfloat16, got {name!r}")
+    if device.type != "cpu" or dtype != torch.float32:
+        model = str(dtype).removeprefix("torch.")
+        raise ValueError(f"gemm_dtype bfloat16 with a {model} model on {device.type} is not supported: "
+                         "use it on CPU with the float32 model, or set dtype bfloat16")
+    return torch.bfloat16
+
+
 class ModelRunner:
     """A Llama-family model, its KV cache and its attention backend on one device.
 
@@ -74,8 +89,9 @@ class ModelRunner:
             malloc_tuning.retain_freed_memory()
         if self.block_size < 1:
             raise ValueError(f"block_size must be positive, got {self.block_size}")
+        bf16_gemms = resolve_gemm_dtype(config.gemm_dtype, self.dtype, self.device) != self.dtype
         with torch.no_grad():
-            self.model = Llama(hf_model, self.device, self.dtype)
+            self.model = Llama(hf_model, self.device, self.dtype, bf16_gemms)
         m = self.model
         self.vocab_size = m.vocab_size
         self.max_model_len = m.max_positions  # positions the model was trained for
@@ -101,6 +117,7 @@ class ModelRunner:
             self.kv_dtype,
             self.device,
         )
+        self.observer: StepObserver | None = None  # Engine.observe sets it
         self.graphs = None
         if self.device.type == "cuda" and self.attention.supports_graphs and m.graph_safe:
             from conveyor.engine.attention.cuda import DecodeGraphs, graph_sizes
@@ -121,7 +138,7 @@ class ModelRunner:
 
     @property
     def gemm_dtype_name(self) -> str:
-        """The layers' GEMM dtype where it is not the model's (CONVEYOR_CPU_GEMM=bf16), else ''."""
+        """The layers' GEMM dtype where it is not the model's (gemm_dtype bfloat16), else ''."""
         gemm = self.model.gemm_dtype
         return "" if gemm == self.dtype else str(gemm).removeprefix("torch.")
 
@@ -142,6 +159,18 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
         """float32 logits [number of chunks that sample, vocab], in chunk order."""
+        if (observer := self.observer) is None:
+            return self._execute(chunks)
+        decode_rows = sum(1 for c in chunks if c.length == 1)
+        prefill_tokens = sum(c.length for c in chunks if c.length != 1)
+        observer.batch(decode_rows, prefill_tokens, sum(1 for c in chunks if c.sample))
+        observer.start("execute")
+        try:
+            return self._execute(chunks)
+        finally:
+            observer.stop("execute")
+
+    def _execute(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
         if not chunks:
             return torch.empty(0, self.vocab_size, dtype=torch.float32, device=self.device)
         bs = self.block_size
@@ -192,7 +221,16 @@ class ModelRunner:
         if not rows:
             return torch.empty(0, self.vocab_size, dtype=torch.float32, device=self.device)
         picked = hidden.index_select(0, torch.tensor(rows, dtype=torch.long, device=self.device))
-        return self.model.logits(picked)
+        return self._logits(picked)
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if (observer := self.observer) is None:
+            return self.model.logits(hidden)
+        observer.start("lm_head")
+        try:
+            return self.model.logits(hidden)
+        finally:
+            observer.stop("lm_head")
 
     def _score_prompts(
         self, order: list[ScheduledChunk], hidden: torch.Tensor, last_row: dict[int, int]
@@ -208,7 +246,7 @@ class ModelRunner:
             for lo in range(positions.start, positions.stop, SLICE_ROWS):
                 hi = min(lo + SLICE_ROWS, positions.stop)
                 rows = hidden[first_row + lo : first_row + hi]
-                c.prompt_scores += score(self.model.logits(rows), c.seq.token_ids[lo + 1 : hi + 1], k)
+                c.prompt_scores += score(self._logits(rows), c.seq.token_ids[lo + 1 : hi + 1], k)
     @torch.inference_mode()
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy-on-write of forked sequences' shared blocks: every layer's K and V of block source
@@ -219,7 +257,13 @@ class ModelRunner:
         data.index_copy_(2, dst, data.index_select(2, src))
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, meta: object) -> torch.Tensor:
-        return self.model.forward(ids, positions, meta, self.attention, self.cache.k, self.cache.v)
+        if (observer := self.observer) is None:
+            return self.model.forward(ids, positions, meta, self.attention, self.cache.k, self.cache.v)
+        observer.start("forward")
+        try:
+            return self.model.forward(ids, positions, meta, self.attention, self.cache.k, self.cache.v)
+        finally:
+            observer.stop("forward")
 
     def _check(self, c: ScheduledChunk) -> None:
         end = c.start + c.length

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from conveyor.engine import greedy_kernel
+from conveyor.engine.native import greedy as greedy_kernel
 from conveyor.engine.params import SamplingParams
 from conveyor.engine.sequence import Sequence
 

@@ -5,7 +5,7 @@ password and query as usual; a cluster has only db 0). Cluster mode is the `redi
 unset, it is detected: several hosts in the URL mean a cluster, else the first host is asked
 (`INFO cluster`, which a single node answers too). On a cluster the client is redis-py's
 `RedisCluster`: it routes each command by its key's hash slot and splits a non-transactional
-pipeline by node. Conveyor's multi-key commands and scripts each touch one slot (tests/test_slots.py).
+pipeline by node. Conveyor's multi-key commands and scripts each touch one slot (tests/worker/test_slots.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 import redis as sync_redis
 from redis.asyncio import Redis
-from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.exceptions import RedisError
 
 from conveyor.settings import Settings
@@ -25,6 +25,11 @@ from conveyor.settings import Settings
 log = logging.getLogger(__name__)
 
 PROBE_TIMEOUT_S = 5.0
+
+
+def cluster_of(redis: object) -> bool:
+    """Whether a client, or a pipeline of one, talks to a Redis Cluster."""
+    return isinstance(redis, RedisCluster | ClusterPipeline)
 
 
 def split_url(url: str) -> tuple[str, list[tuple[str, int]]]:

@@ -16,6 +16,20 @@ from conveyor.jobqueue.keys import WORKER_GROUP, Keys
 EntryRef = tuple[str, str]  # (stream, entry id): entry ids are unique only within one stream
 
 
+@dataclass(slots=True)
+class Entry:
+    """One entry of a jobs stream, as read or reclaimed, with its delivery count."""
+
+    stream: str
+    entry_id: str
+    fields: dict[str, str]
+    deliveries: int = 1
+
+    @property
+    def ref(self) -> EntryRef:
+        return (self.stream, self.entry_id)
+
+
 async def ensure_group(redis: Redis, keys: Keys) -> None:
     """Create the workers' consumer group (and the stream) on every jobs stream unless it exists: the
     api does at start-up, so the queue's depth is measured before any worker runs; a worker at start

@@ -6,6 +6,7 @@
     conveyor webhooks           one webhook delivery process (an RQ worker with its scheduler)
     conveyor model convert      convert the model once (GGUF → safetensors cache)
     conveyor model info         show the model's shape, vocabulary and EOS tokens
+    conveyor kernels            build the engine's C++ kernels now (else the first worker start does)
     conveyor bench              load a server over HTTP (OpenAI, TGI, /v1/jobs): latency, throughput, plots
 
 Every setting is a flag here and an environment variable (CONVEYOR_<NAME>, and REDIS_URL).
@@ -79,6 +80,29 @@ def _cmd_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_kernels() -> int:
+    """Build every C++ extension of the engine into its cache, one progress line each."""
+    import time
+
+    from conveyor.engine.native import extensions
+
+    failed = []
+    for ext in extensions.EXTENSIONS:
+        print(f"{ext.name}: {extensions.build_dir(ext)} ...", end=" ", flush=True)
+        started = time.perf_counter()
+        try:
+            extensions.build(ext)
+        except Exception as exc:  # noqa: BLE001 - reported with the fix, then the next one
+            print(f"failed: {extensions.build_failure(exc)}")
+            failed.append(ext.name)
+            continue
+        print(f"ok ({time.perf_counter() - started:.0f} s)")
+    if failed:
+        raise SystemExit(f"conveyor kernels: could not build {', '.join(failed)}: {extensions.INSTALL_HINT}. "
+                         "Without them the engine runs its slower torch paths.")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="conveyor",
@@ -97,6 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("model_command", choices=["convert", "info"])
     for p in (serve, api, worker, webhooks, model):
         add_settings_flags(p)
+    sub.add_parser("kernels", help="build the engine's C++ kernels now, into the cache every process on "
+                                   "this machine loads them from (needs g++ and the Python headers)")
     from conveyor.bench.cli import add_arguments as add_bench_arguments
 
     add_bench_arguments(sub.add_parser("bench", help="load a server over HTTP (OpenAI, TGI or /v1/jobs), "
@@ -110,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         from conveyor.bench.cli import main as bench_main
 
         return bench_main(args)
+    if args.command == "kernels":  # no settings: the cache is TORCH_EXTENSIONS_DIR's
+        return _cmd_kernels()
     settings = settings_from(args)
     setup_logging(settings.log_level, settings.log_format, args.command)
     for name in ("max_waiting_tokens", "waiting_served_ratio"):

@@ -54,6 +54,7 @@ def engine_config(settings: Settings):  # type: ignore[no-untyped-def]
         kv_cache_dtype=settings.kv_cache_dtype,
         device=settings.device,
         attention=settings.attention,
+        gemm_dtype=settings.gemm_dtype,
         cuda_graphs=settings.cuda_graph_sizes(),
     )
 

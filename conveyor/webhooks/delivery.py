@@ -28,6 +28,7 @@ import httpx
 from redis import Redis
 
 from conveyor.jobqueue.keys import Keys
+from conveyor.jobqueue.scripts.jobs import HSET_IF_EXISTS
 from conveyor.settings import Settings
 from conveyor.webhooks.signing import Secrets, sign
 from conveyor.webhooks.ssrf import Allow, Refusal, resolve
@@ -44,8 +45,6 @@ from conveyor.wire.jobs_api import JobView
 log = logging.getLogger(__name__)
 
 USER_AGENT = "Conveyor-Webhooks/0.1"
-# HSET only while the record lives: a webhook retried past result_ttl must not re-create it.
-_RECORD = "if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end"
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +90,7 @@ class Deliverer:
         self.on_attempt = on_attempt  # (event, state, seconds): the process's metrics
         self.client = client or httpx.Client(timeout=settings.webhook_timeout, trust_env=False,
                                              follow_redirects=False)
-        self._record = redis.register_script(_RECORD)
+        self._record = redis.register_script(HSET_IF_EXISTS.source)
 
     @property
     def max_attempts(self) -> int:

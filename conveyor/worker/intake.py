@@ -20,9 +20,9 @@ from pydantic import ValidationError
 from redis.asyncio import Redis
 
 from conveyor.jobqueue.keys import Keys
-from conveyor.jobqueue.live import publish_live
-from conveyor.jobqueue.queue import EntryRef
-from conveyor.jobqueue.scripts import Scripts
+from conveyor.jobqueue.pubsub.publish import publish_live
+from conveyor.jobqueue.queue import Entry, EntryRef
+from conveyor.jobqueue.scripts.worker import Scripts
 from conveyor.wire.job import JobEvent, JobResult, JobSpec, JobStatus, RecordField, Usage
 from conveyor.worker.choices import Choices
 from conveyor.worker.engine_thread import AddCommand
@@ -34,20 +34,6 @@ if TYPE_CHECKING:
     from conveyor.worker.observe import Observer
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class Entry:
-    """One entry of a jobs stream, as read or reclaimed, with its delivery count."""
-
-    stream: str
-    entry_id: str
-    fields: dict[str, str]
-    deliveries: int = 1
-
-    @property
-    def ref(self) -> EntryRef:
-        return (self.stream, self.entry_id)
 
 
 @dataclass(slots=True)

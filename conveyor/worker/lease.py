@@ -16,10 +16,9 @@ from typing import Any
 from redis.asyncio import Redis
 
 from conveyor.jobqueue.keys import WORKER_GROUP, Keys
-from conveyor.jobqueue.queue import EntryRef, by_stream
-from conveyor.jobqueue.scripts import Scripts
+from conveyor.jobqueue.queue import Entry, EntryRef, by_stream
+from conveyor.jobqueue.scripts.worker import Scripts
 from conveyor.wire.heartbeat import WorkerInfo
-from conveyor.worker.intake import Entry
 
 log = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
+from conveyor.jobqueue.queue import Entry
 from conveyor.wire.heartbeat import WorkerInfo
 from conveyor.worker.control_loop import ControlLoop
 from conveyor.worker.engine_thread import EngineThread
-from conveyor.worker.intake import Entry
 from conveyor.worker.lease import Lease
 from conveyor.worker.observe import Observer
 from conveyor.worker.owned import InFlight, Owned

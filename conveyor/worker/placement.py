@@ -19,7 +19,7 @@ from redis.exceptions import ResponseError
 
 from conveyor.jobqueue.keys import WORKER_GROUP, Keys
 from conveyor.jobqueue.placement import SUMMARY_MAX_BLOCKS, encode_summary
-from conveyor.jobqueue.scripts import Scripts
+from conveyor.jobqueue.scripts.worker import Scripts
 from conveyor.worker.engine_thread import EngineThread
 
 log = logging.getLogger(__name__)

@@ -16,13 +16,12 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
 from conveyor.jobqueue.keys import DEAD_LETTER_MAXLEN, WORKER_GROUP, Keys, event_entry_id
-from conveyor.jobqueue.queue import EntryRef, by_stream
-from conveyor.jobqueue.scripts import Scripts
+from conveyor.jobqueue.queue import Entry, EntryRef, by_stream
+from conveyor.jobqueue.scripts.worker import Scripts
 from conveyor.wire.job import JobEvent, JobResult
 from conveyor.worker.owned import InFlight
 
 if TYPE_CHECKING:
-    from conveyor.worker.intake import Entry
     from conveyor.worker.observe import Observer
 
 

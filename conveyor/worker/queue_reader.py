@@ -29,8 +29,8 @@ from redis.asyncio import Redis
 
 from conveyor.jobqueue.bands import read_order, shard_order
 from conveyor.jobqueue.keys import WORKER_GROUP, Keys
-from conveyor.jobqueue.scripts import Scripts
-from conveyor.worker.intake import Entry
+from conveyor.jobqueue.queue import Entry
+from conveyor.jobqueue.scripts.worker import Scripts
 from conveyor.worker.placement import WorkerAffinity
 
 READ_BLOCK_MS = 1000

@@ -13,10 +13,10 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from conveyor.jobqueue.keys import Keys
-from conveyor.jobqueue.queue import ensure_group
+from conveyor.jobqueue.queue import Entry, ensure_group
 from conveyor.worker import faults
 from conveyor.worker.engine_thread import EngineThread
-from conveyor.worker.intake import Entry, Intake, parse
+from conveyor.worker.intake import Intake, parse
 from conveyor.worker.lease import Lease
 from conveyor.worker.owned import InFlight, Owned
 from conveyor.worker.placement import WorkerAffinity

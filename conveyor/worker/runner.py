@@ -27,7 +27,7 @@ from redis.asyncio import Redis
 from conveyor.engine.engine import Engine
 from conveyor.jobqueue.keys import Keys
 from conveyor.jobqueue.queue import ensure_group
-from conveyor.jobqueue.scripts import Scripts
+from conveyor.jobqueue.scripts.worker import Scripts
 from conveyor.settings import Settings
 from conveyor.telemetry.tracing import Tracing
 from conveyor.webhooks.enqueue import webhook_queue
@@ -203,7 +203,7 @@ class Worker:
 
 def _dtype(runner: object) -> str:
     """The worker's dtype as /info and the console show it: e.g. `float32`, or `float32 (bfloat16
-    GEMMs)` under CONVEYOR_CPU_GEMM=bf16 (no comma: /info joins differing workers' with commas)."""
+    GEMMs)` under --gemm-dtype bfloat16 (no comma: /info joins differing workers' with commas)."""
     name = str(getattr(runner, "dtype", "")).removeprefix("torch.")
     gemm = getattr(runner, "gemm_dtype_name", "")
     return f"{name} ({gemm} GEMMs)" if gemm else name

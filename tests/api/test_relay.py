@@ -12,7 +12,7 @@ import pytest
 from conveyor.api.errors import ValidationError
 from conveyor.api.jobpath.relay import Relay
 from conveyor.jobqueue.keys import Keys
-from conveyor.jobqueue.scripts import Scripts
+from conveyor.jobqueue.scripts.worker import Scripts
 from conveyor.wire.job import EventToken, JobEvent, JobResult, JobStatus, RecordField
 from conveyor.worker.publisher import InFlight, Publisher
 
@@ -115,7 +115,7 @@ async def test_last_event_id_past_the_end_of_a_running_job_is_refused(redis) -> 
 
 
 async def test_slow_client_catches_up_from_the_stream(redis, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    import conveyor.jobqueue.subscriptions as pubsub_module
+    import conveyor.jobqueue.pubsub.subscriptions as pubsub_module
 
     monkeypatch.setattr(pubsub_module, "CLIENT_BUFFER", 2)
     publisher = worker_publisher(redis)

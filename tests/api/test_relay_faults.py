@@ -139,7 +139,7 @@ async def test_an_outage_past_the_timeout_ends_the_stream_and_the_relay_recovers
 
 async def test_a_paused_redis_is_noticed_and_the_stream_ends_with_an_error(
         server: EmbeddedRedis, monkeypatch: pytest.MonkeyPatch) -> None:
-    import conveyor.jobqueue.subscriptions as pubsub_module
+    import conveyor.jobqueue.pubsub.subscriptions as pubsub_module
 
     for name in ("PING_S", "PONG_TIMEOUT_S", "SOCKET_TIMEOUT_S"):
         monkeypatch.setattr(pubsub_module, name, 0.3)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,13 @@ import pytest
 from conveyor.bench.arrival import schedule
 from conveyor.bench.metrics import meets, parse_slo, percentile, summarize
 from conveyor.bench.record import Record
-from conveyor.bench.workloads import HFTokenizer, jsonl_workload, parse_length, random_workload
+from conveyor.bench.workloads import (
+    HFTokenizer,
+    jsonl_workload,
+    parse_length,
+    random_workload,
+    stream_client_workload,
+)
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +50,20 @@ def test_shared_prefix_prompts_start_alike(tok: HFTokenizer) -> None:
     assert all(len(r.prompt) == 44 for r in reqs)
     assert reqs[0].prompt[:20] == reqs[1].prompt[:20] == reqs[2].prompt[:20]
     assert reqs[0].prompt[24:] != reqs[1].prompt[24:]
+
+
+def test_stream_client_workload_follows_its_recipe() -> None:
+    # the recipe of the module's docstring, written out: all lengths first, then the ids
+    rng = random.Random(0)
+    lens = [(rng.randint(32, 512), rng.randint(16, 256)) for _ in range(16)]
+    prompts = [([rng.randrange(100, 1000 - 100) for _ in range(li)], lo) for li, lo in lens]
+    ours = stream_client_workload(1000, 16, mixed=True)
+    assert [(r.prompt, r.output_len) for r in ours] == prompts
+    assert all(r.prompt_len == len(r.prompt) for r in ours)
+    assert len({r.prompt_len for r in ours}) > 1 and all(32 <= r.prompt_len <= 512 for r in ours)
+    fixed = stream_client_workload(1000, 3, mixed=False, input_len=7, output_len=5, seed=1)
+    assert [(len(r.prompt), r.output_len) for r in fixed] == [(7, 5)] * 3
+    assert fixed != stream_client_workload(1000, 3, mixed=False, input_len=7, output_len=5, seed=2)
 
 
 def test_jsonl_prompts_and_chats(tmp_path: Path) -> None:

@@ -23,9 +23,9 @@ import pytest
 from redis.asyncio import Redis as AsyncRedis
 
 from conveyor.jobqueue.keys import event_entry_id
+from conveyor.jobqueue.queue import Entry
 from conveyor.launcher.redis_server import EmbeddedRedis
 from conveyor.wire.job import JobEvent, JobResult, JobSpec, JobStatus, RecordField, StoppingSpec
-from conveyor.worker.intake import Entry
 from conveyor.worker.publisher import Publisher
 from tests.api.conftest import KEYS, keys_of, redis_of, until, wait_ready
 from tests.conftest import REPO, RunningService, start_service, stop_service

@@ -23,19 +23,11 @@ def smollm2_tokenizer() -> PreTrainedTokenizerFast:
 
 
 @pytest.fixture
-def bf16_gemms(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """CONVEYOR_CPU_GEMM=bf16 for the Linears built in the test; skips where this CPU or torch build
-    has no native bfloat16 GEMMs (the mode then stays fp32, which other tests cover)."""
+def bf16_gemms() -> Iterator[None]:
+    """Skips where this CPU or torch build has no native bfloat16 GEMMs (gemm_dtype bfloat16 then
+    stays fp32, which other tests cover)."""
     from conveyor.engine.model import linear
 
-    monkeypatch.setenv(linear.ENV, "bf16")
-    linear.onednn_available.cache_clear()
-    linear.bf16_gemms.cache_clear()
-    try:
-        if not linear.bf16_gemms():
-            pytest.skip("no native bfloat16 GEMMs here (needs AVX512_BF16 or AMX and torch's oneDNN)")
-        yield
-    finally:
-        monkeypatch.undo()
-        linear.onednn_available.cache_clear()
-        linear.bf16_gemms.cache_clear()
+    if not linear.bf16_gemms():
+        pytest.skip("no native bfloat16 GEMMs here (needs AVX512_BF16 or AMX and torch's oneDNN)")
+    yield

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from conveyor.engine.attention import AttentionGeometry, cpu_kernel
-from conveyor.engine.attention.torch_paged import TorchAttention, keys_by_token
+from conveyor.engine.attention import AttentionGeometry, select_attention
+from conveyor.engine.attention.torch_paged import keys_by_token
+from conveyor.engine.native import extensions
+from conveyor.engine.native import paged_attention as cpu_kernel
+from tests.engine.kernel_builds import KernelBuild, cpu_flags, each_build  # noqa: F401 - the fixture
 
 
 @pytest.fixture
@@ -153,36 +156,37 @@ def test_strided_queries_and_output_buffer() -> None:
         cpu_kernel.paged_decode(q, k_cache, v_cache, padded, ctx, 0.125, None, out=buffer[:9])
 
 
-def assert_same_as_widened(bf16_out: torch.Tensor, widened_out: torch.Tensor, hd: int) -> None:
-    """A bfloat16 cache reads as its exact fp32 widening: bitwise the same result where the vector
-    paths cover the head; within fp32 rounding where a scalar tail runs (head_dim not a multiple of
-    16: the compiler may fuse a tail's multiply-adds differently for the two element types)."""
-    if hd % 16 == 0:
-        assert torch.equal(bf16_out, widened_out)
-    else:
-        torch.testing.assert_close(bf16_out, widened_out, rtol=1e-6, atol=1e-7)
+# Head dims and block sizes that leave each vector path a tail: the vector scores only at block
+# size 16 (4, 5 and 17 take the scalar scores); p @ V in 64-float steps (64), then 16-float steps
+# (80 = 64 + 16, 96 = 64 + 16 + 16), 8-float steps where 16 does not divide (72 = 64 + 8: the AVX2
+# steps in an AVX-512 build) and a scalar tail (66 = 64 + 2, also the AVX2 scores at block size 16).
+HEAD_DIMS = [64, 72, 80, 96, 66]
+BLOCK_SIZES = [4, 5, 16, 17]
+
+
+@functools.cache
+def _bf16_case(hd: int, bs: int):  # type: ignore[no-untyped-def]
+    """A case over a bf16 cache and its float64 reference: computed once, shared by every build's
+    test (the reference costs more than the kernel)."""
+    q, k_cache, v_cache, tables, ctxs, padded = _case(8, 8, 2, hd, bs, max_ctx=300)  # groups of 3 + 1
+    k16, v16 = k_cache.bfloat16(), v_cache.bfloat16()
+    expected = _reference(q, k16.float(), v16.float(), tables, ctxs, None)
+    return q, k16, v16, padded, torch.tensor(ctxs, dtype=torch.int32), expected
 
 
 @needs_kernel
-@pytest.mark.parametrize(
-    "heads,kv,hd,bs", [(9, 3, 64, 16), (8, 2, 32, 16), (4, 4, 32, 4), (8, 2, 16, 5), (3, 3, 66, 16)]
-)
-def test_bf16_cache_reads_as_its_fp32_widening(heads: int, kv: int, hd: int, bs: int) -> None:
-    """--kv-cache-dtype bfloat16: the kernel widens each loaded element, the arithmetic stays fp32."""
-    q, k_cache, v_cache, tables, ctxs, padded = _case(12, heads, kv, hd, bs, max_ctx=300)
-    k16, v16 = k_cache.bfloat16(), v_cache.bfloat16()
-    ctx = torch.tensor(ctxs, dtype=torch.int32)
-    module = cpu_kernel.load()
-    out = module.paged_decode(q, k16, v16, padded, ctx, hd**-0.5, -1, 48)  # split rows too
+@pytest.mark.parametrize("bs", BLOCK_SIZES)
+@pytest.mark.parametrize("hd", HEAD_DIMS)
+def test_bf16_cache_reads_as_its_fp32_widening(build: KernelBuild, hd: int, bs: int) -> None:
+    """--kv-cache-dtype bfloat16: the kernel widens each loaded element and the arithmetic stays
+    fp32, so the result is bitwise that of the cache's fp32 widening, on every path of every build."""
+    q, k16, v16, padded, ctx, expected = _bf16_case(hd, bs)
+    out = build.paged_decode(q, k16, v16, padded, ctx, hd**-0.5, -1, 48)  # split rows too
     assert out.dtype == torch.float32
-    widened = module.paged_decode(q, k16.float(), v16.float(), padded, ctx, hd**-0.5, -1, 48)
-    assert_same_as_widened(out, widened, hd)
-    # Against the float64 reference over the rounded cache, and near the fp32 cache's answer.
-    expected = _reference(q, k16.float(), v16.float(), tables, ctxs, None)
+    assert torch.equal(out, build.paged_decode(q, k16.float(), v16.float(), padded, ctx, hd**-0.5, -1, 48))
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(out, _reference(q, k_cache, v_cache, tables, ctxs, None), rtol=0.05, atol=0.05)
     with pytest.raises(RuntimeError, match="both the same"):
-        module.paged_decode(q, k16, v_cache, padded, ctx, hd**-0.5, -1, 48)
+        build.paged_decode(q, k16, v16.float(), padded, ctx, hd**-0.5, -1, 48)
 
 
 @needs_kernel
@@ -196,29 +200,28 @@ def test_rejects_bad_block_ids() -> None:
 
 
 @needs_kernel
-def test_widest_simd_for_this_cpu() -> None:
-    """Built with -march=native: a CPU with AVX-512F gets the AVX-512 paths (the tests above then
-    exercise them), one with AVX2 + FMA the AVX2 paths."""
-    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
-    flags = next(line for line in cpuinfo if line.startswith("flags")).split()
-    expected = "avx512" if "avx512f" in flags else "avx2" if {"avx2", "fma"} <= set(flags) else "scalar"
-    assert cpu_kernel.load().simd() == expected
+def test_each_build_takes_its_paths(build: KernelBuild) -> None:
+    """The native build (-march=native) has the AVX-512 paths on a CPU with AVX-512F, the AVX2
+    paths on one with AVX2 + FMA; the other builds the paths they are named for, so the tests
+    above run each path."""
+    if build.isa == "native":
+        flags = cpu_flags()
+        expected = "avx512" if "avx512f" in flags else "avx2" if {"avx2", "fma"} <= flags else "scalar"
+    else:
+        expected = build.isa
+    assert build.simd() == expected
 
 
 def _geometry() -> AttentionGeometry:
     return AttentionGeometry(4, 2, 16, 4, 32, torch.device("cpu"), torch.float32)
 
 
-def test_env_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(cpu_kernel.ENV, "torch")
-    cpu_kernel.load.cache_clear()
-    try:
-        assert cpu_kernel.load() is None
-        assert f"turned off by {cpu_kernel.ENV}=torch" in str(cpu_kernel.unavailable_reason())
-        assert not TorchAttention(_geometry()).kernel
-    finally:
-        monkeypatch.delenv(cpu_kernel.ENV)
-        cpu_kernel.load.cache_clear()
+@needs_kernel
+def test_the_cpu_backend_is_chosen_on_cpu_and_torch_turns_it_off() -> None:
+    assert select_attention(_geometry()).name == "cpu"
+    assert select_attention(_geometry(), "torch").name == "torch"  # --attention torch: no C++ kernels
+    bf16_model = AttentionGeometry(4, 2, 16, 4, 32, torch.device("cpu"), torch.bfloat16)
+    assert select_attention(bf16_model).name == "torch"  # the kernels take fp32 queries
 
 
 def test_build_failure_falls_back(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
@@ -227,19 +230,18 @@ def test_build_failure_falls_back(monkeypatch: pytest.MonkeyPatch, caplog: pytes
     def broken(**_: object) -> None:
         raise RuntimeError("Error building extension: g++: command not found")
 
-    monkeypatch.delenv(cpu_kernel.ENV, raising=False)
     monkeypatch.setenv("CXX", sys.executable)  # a "compiler" that exists: the build's error is the reason
     monkeypatch.setattr(cpp_extension, "load", broken)
-    cpu_kernel.load.cache_clear()
+    extensions.load.cache_clear()
     try:
         with caplog.at_level(logging.WARNING):
-            assert not TorchAttention(_geometry()).kernel
+            assert select_attention(_geometry()).name == "torch"
         assert "apt-get install g++" in caplog.text
         reason = cpu_kernel.unavailable_reason()
         assert reason is not None and "g++: command not found" in reason and reason in caplog.text
     finally:
         monkeypatch.undo()
-        cpu_kernel.load.cache_clear()
+        extensions.load.cache_clear()
 
 
 def test_missing_compiler_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -248,21 +250,20 @@ def test_missing_compiler_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(**_: object) -> None:
         raise RuntimeError("Error building extension 'conveyor_paged_decode'")
 
-    monkeypatch.delenv(cpu_kernel.ENV, raising=False)
     monkeypatch.setenv("CXX", "no-such-c++")
     monkeypatch.setattr(cpp_extension, "load", broken)
-    cpu_kernel.load.cache_clear()
+    extensions.load.cache_clear()
     try:
         reason = cpu_kernel.unavailable_reason()
-        assert reason == f"no C++ compiler: 'no-such-c++' is not on PATH; {cpu_kernel.INSTALL_HINT}"
+        assert reason == f"no C++ compiler: 'no-such-c++' is not on PATH; {extensions.INSTALL_HINT}"
     finally:
         monkeypatch.undo()
-        cpu_kernel.load.cache_clear()
+        extensions.load.cache_clear()
 
 
 @needs_kernel
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
-def test_write_kv_stores_what_index_put_stores(kv_dtype: torch.dtype) -> None:
+def test_write_kv_stores_what_index_put_stores(build: KernelBuild, kv_dtype: torch.dtype) -> None:
     """kv_write.cpp against the torch path it replaces (index_put_ on the caches' token views after
     Tensor.to): the same bits in the same places, from strided k/v as the qkv projection gives them."""
     g = torch.Generator().manual_seed(5)
@@ -271,7 +272,7 @@ def test_write_kv_stores_what_index_put_stores(kv_dtype: torch.dtype) -> None:
     k, v = qkv[:, heads : heads + kv], qkv[:, heads + kv :]
     slots = torch.randperm(blocks * bs, generator=g)[:40]
     ours = [torch.zeros(blocks, kv, bs, hd, dtype=kv_dtype) for _ in range(2)]
-    cpu_kernel.write_kv(k, v, ours[0], ours[1], slots)
+    build.write_kv(k, v, ours[0], ours[1], slots)
     ref = [torch.zeros(blocks, kv, bs, hd, dtype=kv_dtype) for _ in range(2)]
     where = (slots // bs, slots % bs)
     keys_by_token(ref[0]).index_put_(where, k.to(kv_dtype))
@@ -282,5 +283,5 @@ def test_write_kv_stores_what_index_put_stores(kv_dtype: torch.dtype) -> None:
     bad[-1] = blocks * bs
     before = ours[0].clone()
     with pytest.raises(RuntimeError, match="out of range"):
-        cpu_kernel.write_kv(k * 2, v, ours[0], ours[1], bad)
+        build.write_kv(k * 2, v, ours[0], ours[1], bad)
     assert torch.equal(ours[0], before)  # checked before any write

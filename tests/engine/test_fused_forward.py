@@ -1,4 +1,4 @@
-"""The engine with conveyor/engine/model/fused_ops.cpp (and F.rms_norm) against the same engine on the torch
+"""The engine with conveyor/engine/native/fused_ops.cpp (and F.rms_norm) against the same engine on the torch
 ops: the same tokens and the same logprobs, bit for bit, on the tiny model and the default one; and
 the default model's greedy 64 tokens still Hugging Face `generate`'s."""
 
@@ -11,7 +11,7 @@ import torch
 
 from conveyor.engine.config import EngineConfig
 from conveyor.engine.engine import Engine
-from conveyor.engine.model import fused_ops
+from conveyor.engine.native import fused_ops
 from conveyor.engine.params import StoppingParams
 
 pytestmark = pytest.mark.slow
@@ -23,7 +23,7 @@ NEW_TOKENS = 64
 @pytest.fixture(scope="module", autouse=True)
 def built() -> None:
     if fused_ops.load() is None:
-        pytest.skip("the fused ops could not be built here, or CONVEYOR_CPU_FUSED=torch")
+        pytest.skip("the fused ops could not be built here (see the logged warning)")
 
 
 def generate(engine: Engine, fused: bool) -> dict[str, list[tuple[int, float | None]]]:

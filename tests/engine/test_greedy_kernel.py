@@ -1,4 +1,4 @@
-"""The sampler's fused greedy pick (conveyor/engine/greedy.cpp): torch.argmax's token and log_softmax's
+"""The sampler's fused greedy pick (conveyor/engine/native/greedy.cpp): torch.argmax's token and log_softmax's
 logprob at the real vocabulary size, the same alone or in any batch, and the torch path agreeing."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conveyor.engine import greedy_kernel
+from conveyor.engine.native import greedy as greedy_kernel
 from conveyor.engine.params import SamplingParams
 from conveyor.engine.sampler import Sampler
 from conveyor.engine.sequence import Sequence

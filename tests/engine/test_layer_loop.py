@@ -1,4 +1,4 @@
-"""The forward's layer loop in C++ (conveyor/engine/model/layer_loop.cpp) against the Python loop on the same
+"""The forward's layer loop in C++ (conveyor/engine/native/layer_loop.cpp) against the Python loop on the same
 kernels: the same tokens and logprobs bit for bit, over steps with decode rows only, prefill chunks
 only, both, one padded row, and a prefill long enough for the MLP's row slices."""
 
@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.step_timer import StepTimer
 from conveyor.engine.config import EngineConfig
 from conveyor.engine.engine import Engine
-from conveyor.engine.model import fused_ops, layer_stack
+from conveyor.engine.model import layer_stack
+from conveyor.engine.native import fused_ops
 from conveyor.engine.params import StoppingParams
-from conveyor.engine.step_timing import StepTimer
 
 NEW_TOKENS = 24
 
@@ -22,7 +23,7 @@ NEW_TOKENS = 24
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir: Path) -> Engine:
     if fused_ops.load() is None:
-        pytest.skip("the fused ops could not be built here, or CONVEYOR_CPU_FUSED=torch")
+        pytest.skip("the fused ops could not be built here (see the logged warning)")
     # A 700-token prefill budget: a longer prompt goes in chunks, beside other sequences' decode rows.
     config = EngineConfig(enable_prefix_caching=False, device="cpu", kv_cache_memory=64 * 1024**2,
                           max_batch_prefill_tokens=700)
@@ -88,12 +89,12 @@ def test_the_step_profile_times_the_cpp_loops_pieces(engine: Engine) -> None:
     model = engine.runner.model
     stack = model.layer_stack
     timer = StepTimer()
-    with timer.install(engine):
+    with timer.attached(engine):
         assert model.layer_stack is stack
         engine.add("p", list(range(1, 40)), stopping=StoppingParams(max_new_tokens=3, ignore_eos=True))
         while engine.has_unfinished():
             engine.step()
-    assert "_native_layers" not in vars(model)  # the wrapper is gone again
+    assert model.observer is None  # detached again
     prefill, *decode = timer.records
     for r in timer.records:
         assert sum(r.pieces.values()) == pytest.approx(r.seconds, rel=1e-6)
@@ -140,9 +141,3 @@ def test_a_loop_that_cannot_be_built_leaves_the_python_loop(engine: Engine,
     finally:
         model.fused = fused
     assert "the forward keeps its Python loop: Tried to access" in caplog.text
-
-
-def test_the_python_loop_can_be_asked_for(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert layer_stack.build_layer_stack(engine.runner.model) is not None
-    monkeypatch.setenv(layer_stack.ENV, "python")
-    assert layer_stack.build_layer_stack(engine.runner.model) is None

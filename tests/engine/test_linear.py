@@ -83,7 +83,6 @@ def test_a_wrong_op_at_load_leaves_linear_on_mm(
     mkldnn_build: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The whole decision, as a model load meets it: Linear packs nothing and computes with torch."""
-    monkeypatch.delenv(linear.ENV, raising=False)
     monkeypatch.setattr(torch.ops, "mkldnn", _Ops(WRONG["off by 0.01"]))
     onednn_available.cache_clear()
     try:
@@ -165,22 +164,17 @@ def test_a_wrong_bf16_op_is_refused() -> None:
     assert "differs" in (linear.bf16_mismatch(_Ops(off)) or "")
 
 
-def test_bf16_is_off_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(linear.ENV, raising=False)
-    linear.bf16_gemms.cache_clear()
-    try:
-        layer = Linear(torch.randn(8, 16))
-        assert not layer.bf16
-        assert layer(torch.randn(3, 16)).dtype == torch.float32
-    finally:
-        linear.bf16_gemms.cache_clear()
+def test_bf16_is_off_unless_asked() -> None:
+    layer = Linear(torch.randn(8, 16))
+    assert not layer.bf16
+    assert layer(torch.randn(3, 16)).dtype == torch.float32
 
 
 def test_bf16_linear_is_the_bf16_product_and_batch_invariant(bf16_gemms: None) -> None:
     g = torch.Generator().manual_seed(5)
     weight, bias = torch.randn(96, 64, generator=g) * 0.1, torch.randn(96, generator=g)
-    layer = Linear(weight, bias)
-    head = Linear(weight, allow_bf16=False)  # the lm_head's: stays fp32
+    layer = Linear(weight, bias, bf16=True)
+    head = Linear(weight)  # the lm_head's: stays fp32
     assert layer.bf16 and not head.bf16
     x, h = torch.randn(40, 64, generator=g), torch.randn(40, 96, generator=g)
     want = x.bfloat16().float() @ weight.bfloat16().float().t() + bias.bfloat16().float()

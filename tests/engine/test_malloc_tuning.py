@@ -1,6 +1,6 @@
 """conveyor/engine/malloc_tuning.py: a freed multi-MB tensor stays mapped once the thresholds are raised
 (so the next step's temporary of that size takes no page faults), and goes back to the kernel
-without. Each case in a fresh process: the setting is process-wide."""
+without (glibc's defaults). Each case in a fresh process: the setting is process-wide."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 CODE = """
-import threading, psutil, torch
+import sys, threading, psutil, torch
 from conveyor.engine import malloc_tuning
-raised = malloc_tuning.retain_freed_memory()
+raised = malloc_tuning.retain_freed_memory() if sys.argv[1] == "retain" else False
 proc = psutil.Process()
 def work(out):  # on a thread, as the engine steps: its own malloc arena
     before = proc.memory_info().rss
@@ -30,8 +30,9 @@ print(raised, out[0])
 
 
 def _kept_after_free(choice: str) -> tuple[str, int]:
-    env = {**os.environ, "CONVEYOR_CPU_MALLOC": choice, "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "-c", CODE], env=env, capture_output=True, text=True, check=True)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", CODE, choice], env=env, capture_output=True, text=True,
+                         check=True)
     raised, kept = out.stdout.split()
     return raised, int(kept)
 

@@ -19,6 +19,7 @@ from conveyor.engine import kv_cache
 from conveyor.engine.config import EngineConfig
 from conveyor.engine.model import row_padding
 from conveyor.engine.model_runner import ModelRunner, resolve_kv_dtype
+from conveyor.engine.native import paged_attention
 from conveyor.engine.sequence import Sequence
 from conveyor.engine.step_plan import ScheduledChunk
 
@@ -47,10 +48,11 @@ def llama() -> LlamaForCausalLM:
 
 
 def _runner(
-    hf: torch.nn.Module, block_size: int = 4, num_blocks: int = 512, kv_cache_dtype: str = "auto"
+    hf: torch.nn.Module, block_size: int = 4, num_blocks: int = 512, kv_cache_dtype: str = "auto",
+    gemm_dtype: str = "auto",
 ) -> ModelRunner:
     config = EngineConfig(block_size=block_size, num_blocks=num_blocks, device="cpu")
-    config.kv_cache_dtype = kv_cache_dtype
+    config.kv_cache_dtype, config.gemm_dtype = kv_cache_dtype, gemm_dtype
     return ModelRunner(hf, config)
 
 
@@ -281,14 +283,20 @@ def test_attention_choice_that_cannot_run_names_the_reason(
         ModelRunner(llama, EngineConfig(num_blocks=8, device="cpu", attention="flash-attn"))
     with pytest.raises(ValueError, match="attention must be one of auto, flash-attn, triton, torch"):
         ModelRunner(llama, EngineConfig(num_blocks=8, device="cpu", attention="sdpa"))
-    assert ModelRunner(llama, EngineConfig(num_blocks=8, device="cpu")).attention.name == "torch"
+    with pytest.raises(ValueError, match="gemm_dtype must be auto or bfloat16, got 'fp8'"):
+        ModelRunner(llama, EngineConfig(num_blocks=8, device="cpu", gemm_dtype="fp8"))
+    # auto on CPU: the C++ kernels where they are built; torch: plain torch, no C++ kernels.
+    built = ModelRunner(llama, EngineConfig(num_blocks=8, device="cpu")).attention.name
+    assert built == ("cpu" if paged_attention.load() is not None else "torch")
+    torch_only = ModelRunner(llama, EngineConfig(num_blocks=8, device="cpu", attention="torch"))
+    assert torch_only.attention.name == "torch"
 
 
 def test_bf16_kv_cache_keeps_logits_independent_of_the_batch(llama: LlamaForCausalLM) -> None:
     """kv_cache_dtype bfloat16: keys and values rounded once as they are written; a sequence's
     logits stay the same bits whatever runs beside it, close to the fp32 cache's but not equal."""
     runner = _runner(llama, kv_cache_dtype="bfloat16")
-    assert runner.cache.k[0].dtype == torch.bfloat16 and runner.attention.kernel
+    assert runner.cache.k[0].dtype == torch.bfloat16 and runner.attention.name == "cpu"
     alone = _trace(runner, [11], 5)
     for others in ([3], [7] * 20, [2, 40, 9, 9, 1]):
         together = _trace(_runner(llama, kv_cache_dtype="bfloat16"), [11, *others], 5)
@@ -320,13 +328,13 @@ def test_kv_cache_dtype_refusals_name_the_fix() -> None:
 
 
 def test_bf16_gemms_keep_logits_independent_of_the_batch(llama: LlamaForCausalLM, bf16_gemms: None) -> None:
-    """CONVEYOR_CPU_GEMM=bf16: other numbers than fp32's, close to them, and still the same bits
+    """gemm_dtype bfloat16: other numbers than fp32's, close to them, and still the same bits
     for a sequence whatever runs beside it."""
-    runner = _runner(llama)
+    runner = _runner(llama, gemm_dtype="bfloat16")
     assert runner.model.layers[0].qkv.bf16 and not runner.model.lm_head.bf16
     alone = _trace(runner, [11], 5)
     for others in ([3], [7] * 20, [2, 40, 9, 9, 1]):
-        together = _trace(_runner(llama), [11, *others], 5)
+        together = _trace(_runner(llama, gemm_dtype="bfloat16"), [11, *others], 5)
         assert all(torch.equal(a, b) for a, b in zip(alone, together, strict=True)), others
     fp32 = _reference(llama, _prompt(11, random.Random(3)))  # _trace's first prompt, prefilled
     assert not torch.equal(alone[0], fp32)

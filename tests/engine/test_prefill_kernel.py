@@ -3,16 +3,21 @@ torch backend routing prefill chunks through it."""
 
 from __future__ import annotations
 
+import functools
 import random
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from conveyor.engine.attention import AttentionBatch, AttentionGeometry, cpu_kernel
+from conveyor.engine.attention import AttentionBatch, AttentionGeometry
+from conveyor.engine.attention.cpu import CpuAttention
 from conveyor.engine.attention.torch_paged import TorchAttention, keys_by_token
+from conveyor.engine.native import paged_attention as cpu_kernel
+from tests.engine.kernel_builds import KernelBuild, each_build  # noqa: F401 - the fixture
 from tests.engine.test_cpu_kernel import (
-    assert_same_as_widened,
+    BLOCK_SIZES,
+    HEAD_DIMS,
     kernel,  # noqa: F401 - the fixture: skip (or fail in CI) without a build
 )
 
@@ -151,31 +156,53 @@ def test_rejects_bad_input() -> None:
         _run(q, k_cache, v_cache, padded, starts, lens + 8, None, 0.25)
 
 
+@functools.cache
+def _bf16_case(hd: int, bs: int, window: int | None):  # type: ignore[no-untyped-def]
+    """_CHUNKS over a bf16 cache and its float64 reference: computed once, shared by every build's
+    test (the reference costs more than the kernel)."""
+    q, k_cache, v_cache, tables, padded, starts, lens = _case(_CHUNKS, 8, 2, hd, bs)  # groups of 4
+    k16, v16 = k_cache.bfloat16(), v_cache.bfloat16()
+    expected = _reference(q, k16.float(), v16.float(), tables, _CHUNKS, window)
+    return q, k16, v16, padded, starts, lens, expected
+
+
 @needs_kernel
-@pytest.mark.parametrize("heads,kv,hd,bs", [(9, 3, 64, 16), (4, 4, 32, 4), (3, 3, 66, 16)])
+@pytest.mark.parametrize("bs", BLOCK_SIZES)
+@pytest.mark.parametrize("hd", HEAD_DIMS)
 @pytest.mark.parametrize("window", [None, 7])
 def test_bf16_cache_reads_as_its_fp32_widening(
-    heads: int, kv: int, hd: int, bs: int, window: int | None
+    build: KernelBuild, hd: int, bs: int, window: int | None
 ) -> None:
-    q, k_cache, v_cache, tables, padded, starts, lens = _case(_CHUNKS, heads, kv, hd, bs)
-    k16, v16 = k_cache.bfloat16(), v_cache.bfloat16()
-    out = _run(q, k16, v16, padded, starts, lens, window, hd**-0.5)
-    assert_same_as_widened(out, _run(q, k16.float(), v16.float(), padded, starts, lens, window, hd**-0.5), hd)
-    ref = _reference(q, k16.float(), v16.float(), tables, _CHUNKS, window)
-    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    """Bitwise the result of the cache's fp32 widening, on every path of every build (the spans'
+    softmax in vectors at block sizes 4 and 16, scalar at 5 and 17: spans of 60 and 51 keys)."""
+    q, k16, v16, padded, starts, lens, expected = _bf16_case(hd, bs, window)
+    w = -1 if window is None else window
+    out = build.paged_prefill(q, k16, v16, padded, starts, lens, hd**-0.5, w)
+    widened = build.paged_prefill(q, k16.float(), v16.float(), padded, starts, lens, hd**-0.5, w)
+    assert torch.equal(out, widened)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
     with pytest.raises(RuntimeError, match="both the same"):
-        _run(q, k16, v_cache, padded, starts, lens, window, hd**-0.5)
+        build.paged_prefill(q, k16, v16.float(), padded, starts, lens, hd**-0.5, w)
 
 
 def _backend_step(
-    monkeypatch: pytest.MonkeyPatch, choice: str, window: int | None, kv_dtype: torch.dtype = torch.float32
+    monkeypatch: pytest.MonkeyPatch, backend_class: type, window: int | None,
+    kv_dtype: torch.dtype = torch.float32,
 ) -> tuple[bool, torch.Tensor]:
-    """One mixed step (two decode rows, a fresh prompt, a chunk with start > 0) through
-    TorchAttention with CONVEYOR_CPU_ATTENTION=choice: (prefill kernel used, output)."""
-    monkeypatch.setenv(cpu_kernel.ENV, choice)
+    """One mixed step (two decode rows, a fresh prompt, a chunk with start > 0) through the
+    backend: (prefill kernel used, output)."""
+    calls = 0
+    real = cpu_kernel.paged_prefill
+
+    def counted(*args: object, **kwargs: object) -> torch.Tensor:
+        nonlocal calls
+        calls += 1
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cpu_kernel, "paged_prefill", counted)
     heads, kv, hd, bs, num_blocks = 9, 3, 64, 16, 40
     geometry = AttentionGeometry(heads, kv, hd, bs, num_blocks, torch.device("cpu"), torch.float32, kv_dtype)
-    backend = TorchAttention(geometry)
+    backend = backend_class(geometry)
     g = torch.Generator().manual_seed(3)
     k_cache = torch.randn(backend.cache_shape(), generator=g).to(kv_dtype)
     v_cache = torch.randn(backend.cache_shape(), generator=g).to(kv_dtype)
@@ -189,20 +216,16 @@ def _backend_step(
     qk = torch.randn(rows, heads + kv, hd, generator=g)  # strided views, as the model passes them
     q, k, v = qk[:, :heads], qk[:, heads:], torch.randn(rows, kv, hd, generator=g)
     meta = backend.prepare(batch)
-    return backend.prefill_kernel, backend.forward(q, k, v, k_cache, v_cache, meta, window)
+    out = backend.forward(q, k, v, k_cache, v_cache, meta, window)
+    monkeypatch.undo()
+    return calls > 0, out
 
 
 @needs_kernel
 @pytest.mark.parametrize("window", [None, 9])
 def test_backend_uses_kernel_and_matches_sdpa(monkeypatch: pytest.MonkeyPatch, window: int | None) -> None:
-    try:
-        cpu_kernel.load.cache_clear()
-        used, fast = _backend_step(monkeypatch, "kernel", window)
-        cpu_kernel.load.cache_clear()
-        skipped, slow = _backend_step(monkeypatch, "decode", window)
-    finally:
-        monkeypatch.undo()
-        cpu_kernel.load.cache_clear()
+    used, fast = _backend_step(monkeypatch, CpuAttention, window)
+    skipped, slow = _backend_step(monkeypatch, TorchAttention, window)
     assert used and not skipped
     torch.testing.assert_close(fast, slow, rtol=1e-4, atol=1e-5)
 
@@ -211,16 +234,9 @@ def test_backend_uses_kernel_and_matches_sdpa(monkeypatch: pytest.MonkeyPatch, w
 def test_backend_with_a_bf16_cache_matches_the_torch_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """A bfloat16 cache below fp32 queries: the kernels (decode and prefill) and the torch path
     (gather, widen, SDPA) see the same rounded keys and values, the step's own included."""
-    try:
-        cpu_kernel.load.cache_clear()
-        used, fast = _backend_step(monkeypatch, "kernel", None, torch.bfloat16)
-        cpu_kernel.load.cache_clear()
-        _, slow = _backend_step(monkeypatch, "torch", None, torch.bfloat16)
-        cpu_kernel.load.cache_clear()
-        _, fp32 = _backend_step(monkeypatch, "kernel", None)
-    finally:
-        monkeypatch.undo()
-        cpu_kernel.load.cache_clear()
+    used, fast = _backend_step(monkeypatch, CpuAttention, None, torch.bfloat16)
+    _, slow = _backend_step(monkeypatch, TorchAttention, None, torch.bfloat16)
+    _, fp32 = _backend_step(monkeypatch, CpuAttention, None)
     assert used and fast.dtype == torch.float32
     torch.testing.assert_close(fast, slow, rtol=1e-4, atol=1e-5)
     assert not torch.equal(fast, fp32)  # the rounding is real...

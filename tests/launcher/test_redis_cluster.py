@@ -10,8 +10,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from conveyor.jobqueue.client import is_cluster, make_client, rq_url, split_url
-from conveyor.jobqueue.live import live_script
-from conveyor.jobqueue.scripts import APPEND
+from conveyor.jobqueue.pubsub.publish import live_publish_command
 from conveyor.launcher.redis_cluster import LocalCluster
 from conveyor.launcher.redis_server import EmbeddedRedis
 from conveyor.settings import Settings
@@ -44,7 +43,7 @@ async def test_one_node_is_detected_as_one_node(redis_server: EmbeddedRedis | Lo
     assert not is_cluster(settings)
     client = make_client(settings, decode_responses=True)
     assert type(client) is Redis
-    assert live_script(APPEND, client) == APPEND  # classic PUBLISH on one node
+    assert live_publish_command(client) == "PUBLISH"  # classic pub/sub on one node
     await client.aclose()
 
 
@@ -59,7 +58,7 @@ async def test_a_cluster_is_detected_from_one_of_its_nodes(cluster: LocalCluster
     assert is_cluster(settings)
     client = make_client(settings, decode_responses=True)
     assert isinstance(client, RedisCluster)
-    assert "SPUBLISH" in live_script(APPEND, client) and "'PUBLISH'" not in live_script(APPEND, client)
+    assert live_publish_command(client) == "SPUBLISH"
     await client.set("conveyor:probe", "1")
     assert len(client.get_primaries()) == 3
     await client.aclose()

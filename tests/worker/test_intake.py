@@ -9,7 +9,7 @@ import asyncio
 import time
 
 from conveyor.jobqueue.keys import WORKER_GROUP, event_entry_id
-from conveyor.jobqueue.scripts import Scripts
+from conveyor.jobqueue.scripts.worker import Scripts
 from conveyor.wire.job import JobEvent, JobStatus, RecordField
 from conveyor.worker.owned import InFlight
 from conveyor.worker.publisher import Publisher

@@ -13,7 +13,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from conveyor.jobqueue.bands import Band
 from conveyor.jobqueue.keys import WORKER_GROUP, Keys
 from conveyor.jobqueue.queue import ensure_group
-from conveyor.jobqueue.scripts import Scripts
+from conveyor.jobqueue.scripts.worker import Scripts
 from conveyor.settings import Settings
 from conveyor.worker.lease import Lease
 from conveyor.worker.lease_loop import LeaseLoop

@@ -10,19 +10,18 @@ import hashlib
 
 from redis.asyncio import Redis
 
-from conveyor.jobqueue.live import live_script
-from conveyor.jobqueue.scripts import _SOURCES
+from conveyor.jobqueue.pubsub.publish import live_publish_command
+from conveyor.jobqueue.scripts.worker import worker_scripts
 
 PROMPT = [101, 2024, 318, 257]
 N = 12
-
-
-SHAS = [hashlib.sha1(source.encode()).hexdigest() for source in _SOURCES.values()]
+SCRIPTS = len(worker_scripts("PUBLISH"))
 
 
 def shas(redis: Redis) -> list[str]:
     """The SHAs of the scripts as the worker loads them (with SPUBLISH on a cluster)."""
-    return [hashlib.sha1(live_script(source, redis).encode()).hexdigest() for source in _SOURCES.values()]
+    scripts = worker_scripts(live_publish_command(redis)).values()
+    return [hashlib.sha1(script.source.encode()).hexdigest() for script in scripts]
 
 
 async def cached(redis: Redis) -> list[bool]:
@@ -35,13 +34,13 @@ async def test_the_next_call_after_script_flush_still_works(local, make_spec) ->
         first = await local.submit(make_spec(PROMPT, max_new_tokens=N))
         assert (await local.result(first)).status == "succeeded"
         await local.check_events(first, N)
-        assert await cached(local.redis) == [True] * len(SHAS)  # the worker loaded its scripts
+        assert await cached(local.redis) == [True] * SCRIPTS  # the worker loaded its scripts
 
         await local.redis.script_flush()
-        assert await cached(local.redis) == [False] * len(SHAS)
+        assert await cached(local.redis) == [False] * SCRIPTS
 
         second = await local.submit(make_spec(PROMPT, max_new_tokens=N))
         result = await local.result(second)
         assert result.status == "succeeded" and result.usage.completion_tokens == N
         await local.check_events(second, N)  # every index once: the re-run pipeline duplicated none
-        assert await cached(local.redis) == [True] * len(SHAS)  # loaded again after NOSCRIPT
+        assert await cached(local.redis) == [True] * SCRIPTS  # loaded again after NOSCRIPT

@@ -28,6 +28,7 @@ from conveyor.api.batch.state import BatchStore
 from conveyor.api.context import ApiContext
 from conveyor.api.errors import REDIS_FAULTS, Overloaded
 from conveyor.api.metrics import ApiMetrics
+from conveyor.jobqueue.scripts.batches import LEASE, RELEASE
 from conveyor.wire.batch import TERMINAL, BatchError, BatchErrors, BatchLine, LineError, OutputLine
 from conveyor.wire.job import JobSpec, JobStatus, RecordField
 
@@ -38,18 +39,6 @@ LEASE_MS = 10_000  # a runner that stops renewing hands its batches to another a
 UNRUN_CHUNK = 500  # lines reported `batch_expired` / `batch_cancelled` per step
 # (reserved id field, public field, name) of the files a batch writes
 SEALED = (("out_id", "output_file_id", "output"), ("err_id", "error_file_id", "error"))
-
-# KEYS[1]: the lease. ARGV: owner, ms. 1: held by this owner now (taken or renewed).
-_LEASE = """
-local v = redis.call('GET', KEYS[1])
-if v == false then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end
-if v == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
-return 0
-"""
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
 
 
 def line_job_id(batch_id: str, index: int) -> str:
@@ -66,8 +55,8 @@ class BatchRunner:
         self.files = FileStore(self.redis, self.keys, ctx.settings.batch_file_ttl)
         self.batches = BatchStore(self.redis, self.keys, ctx.settings)
         self.owner = uuid.uuid4().hex
-        self._lease = self.redis.register_script(_LEASE)
-        self._release = self.redis.register_script(_RELEASE)
+        self._lease = self.redis.register_script(LEASE.source)
+        self._release = self.redis.register_script(RELEASE.source)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 

@@ -15,34 +15,9 @@ from redis.asyncio import Redis
 
 from conveyor.api.paging import newest_first
 from conveyor.jobqueue.keys import Keys
+from conveyor.jobqueue.scripts.batches import CLAIM_LINE, MOVE
 from conveyor.settings import Settings
 from conveyor.wire.batch import COMPLETION_WINDOW_S, Batch, BatchCreate, BatchErrors, RequestCounts
-
-# KEYS[1]: the batch. ARGV: new status, now, then the statuses it may move from. 1: moved.
-_MOVE = """
-local s = redis.call('HGET', KEYS[1], 'status')
-if not s then return 0 end
-for i = 3, #ARGV do
-  if s == ARGV[i] then
-    redis.call('HSET', KEYS[1], 'status', ARGV[1], ARGV[1] .. '_at', ARGV[2])
-    return 1
-  end
-end
-return 0
-"""
-
-# KEYS: the batch, its window. ARGV: window size. The next line's index, claimed into the window;
-# -1: every line is claimed; -2: the window is full.
-_CLAIM = """
-local n = tonumber(redis.call('HGET', KEYS[1], 'next_line') or '0')
-if n >= tonumber(redis.call('HGET', KEYS[1], 'total') or '0') then return -1 end
-if redis.call('HLEN', KEYS[2]) >= tonumber(ARGV[1]) then return -2 end
-redis.call('HSET', KEYS[1], 'next_line', n + 1)
-redis.call('HSET', KEYS[2], n, 1)
-local ttl = redis.call('PTTL', KEYS[1])
-if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end  -- the window lives no longer than its batch
-return n
-"""
 
 TIMESTAMPS = ("in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at",
               "cancelling_at", "cancelled_at")
@@ -78,8 +53,8 @@ class BatchStore:
         self.redis = redis
         self.keys = keys
         self.settings = settings
-        self._move = redis.register_script(_MOVE)
-        self._claim = redis.register_script(_CLAIM)
+        self._move = redis.register_script(MOVE.source)
+        self._claim = redis.register_script(CLAIM_LINE.source)
 
     async def create(self, tenant: str, body: BatchCreate) -> Batch:
         batch_id = new_batch_id()

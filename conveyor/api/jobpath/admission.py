@@ -20,21 +20,13 @@ from redis.exceptions import RedisError
 from conveyor.api.errors import Overloaded
 from conveyor.api.jobpath.tenants import INDEX_SLACK_S
 from conveyor.jobqueue.keys import Keys
+from conveyor.jobqueue.scripts.jobs import ADMIT
 from conveyor.settings import Settings
 from conveyor.wire.job import JobSpec, JobStatus, RecordField
 
 # A job's keys may still be being written this long after it was created: a member of an admitted
 # set (or an Idempotency-Key's job) without a record counts as gone only past it.
 WRITE_GRACE_S = 10.0
-
-# KEYS[1]: the admitted set; ARGV: job id, created_at, cap, TTL. 1: admitted (or already), 0: full.
-_ADMIT = """
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 1 end
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
-redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
-redis.call('EXPIRE', KEYS[1], ARGV[4])
-return 1
-"""
 
 
 async def prune_ended(redis: Redis, keys: Keys, key: str) -> int:
@@ -63,7 +55,7 @@ class Admission:
         self.redis = redis
         self.keys = keys
         self.settings = settings
-        self._admit = redis.register_script(_ADMIT)
+        self._admit = redis.register_script(ADMIT.source)
         self._pruning: dict[str, asyncio.Future[int]] = {}  # one prune of a set at a time per process
 
     def _caps(self, spec: JobSpec) -> list[tuple[str, int]]:

@@ -7,7 +7,7 @@ refreshed in the background when older than half a heartbeat, so a submit never 
 Between two refreshes it adds what it places on a worker to that worker's backlog, so a burst does
 not all go to the worker that looked idle at its last heartbeat. A job of the high or normal band
 goes on the own stream of the worker that holds `affinity_min_blocks` or more of its prefix and
-would finish its prefill first (schemas/affinity.best_worker), with one script that falls back to
+would finish its prefill first (conveyor/jobqueue/placement.best_worker), with one script that falls back to
 the shared stream if the own stream is gone (its worker left and the fleet deleted it): both streams
 are in the shard's slot, so the check and the XADD are atomic and no job lands on a stream nobody
 reads.
@@ -26,20 +26,12 @@ from redis.exceptions import RedisError
 from conveyor.jobqueue.bands import band_of
 from conveyor.jobqueue.keys import Keys
 from conveyor.jobqueue.placement import AFFINITY_BANDS, WorkerPrefixes, best_worker, decode_summary
+from conveyor.jobqueue.scripts.jobs import ENQUEUE
 from conveyor.settings import Settings
 from conveyor.wire.heartbeat import WorkerInfo
 from conveyor.wire.job import JobSpec
 
 log = logging.getLogger(__name__)
-
-# KEYS: a worker's own stream, the shared stream (same shard: one slot). ARGV: field, value, ...
-# Returns 1: queued on the own stream, 0: it is gone, queued on the shared one.
-ENQUEUE = """
-local key, placed = KEYS[2], 0
-if redis.call('EXISTS', KEYS[1]) == 1 then key, placed = KEYS[1], 1 end
-redis.call('XADD', key, '*', unpack(ARGV))
-return placed
-"""
 
 
 class Placement:
@@ -68,7 +60,7 @@ class Placement:
         shard = self.keys.shard_of(spec.id)
         shared = self.keys.stream_of(spec.id, spec.priority, self.settings.priority_bands)
         args = [item for pair in fields.items() for item in pair]
-        pipe.execute_command("EVAL", ENQUEUE, 2, self.keys.own_stream(shard, worker), shared, *args)
+        pipe.execute_command("EVAL", ENQUEUE.source, 2, self.keys.own_stream(shard, worker), shared, *args)
         return worker
 
     def _maybe_refresh(self) -> None:

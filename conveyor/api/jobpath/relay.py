@@ -1,14 +1,13 @@
 """Relays a job's events to the SSE clients of this api process (docs/design.md §1 step 6).
 
-One pub/sub connection per process (conveyor/jobqueue/subscriptions.py), demultiplexed in-process. A client
-subscribes
-first, then reads the durable event stream after its last index, then takes live events,
-deduplicating by index: pub/sub alone is at-most-once; the event stream makes the relay lossless
-and resumable. A client goes back to the durable stream after the last index it delivered whenever
-live events may have been missed: its bounded buffer overflowed (a slow client never blocks the
-others), an index was skipped, or the connection was lost and subscribed again (Redis restarted).
-Where the rest cannot be delivered without a gap, the stream raises StreamInterrupted, which the
-routes answer with an error event: never silence.
+One pub/sub connection per process (conveyor/jobqueue/pubsub/subscriptions.py), demultiplexed
+in-process. A client subscribes first, then reads the durable event stream after its last index,
+then takes live events, deduplicating by index: pub/sub alone is at-most-once; the event stream
+makes the relay lossless and resumable. A client goes back to the durable stream after the last
+index it delivered whenever live events may have been missed: its bounded buffer overflowed (a slow
+client never blocks the others), an index was skipped, or the connection was lost and subscribed
+again (Redis restarted). Where the rest cannot be delivered without a gap, the stream raises
+StreamInterrupted, which the routes answer with an error event: never silence.
 """
 
 from __future__ import annotations
@@ -25,8 +24,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from conveyor.api.errors import ValidationError
 from conveyor.jobqueue.keys import Keys, event_entry_id
-from conveyor.jobqueue.shard_subscriptions import subscriptions_for
-from conveyor.jobqueue.subscriptions import Listener, Signal
+from conveyor.jobqueue.pubsub.sharded import subscriptions_for
+from conveyor.jobqueue.pubsub.subscriptions import Listener, Signal
 from conveyor.wire.job import JobEvent
 
 KEEPALIVE_S = 15.0

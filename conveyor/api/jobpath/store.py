@@ -17,9 +17,11 @@ from conveyor.api.jobpath.admission import WRITE_GRACE_S, Admission
 from conveyor.api.jobpath.placement import Placement
 from conveyor.api.jobpath.tenants import TenantIndex
 from conveyor.api.metrics import ApiMetrics
+from conveyor.jobqueue.client import cluster_of
 from conveyor.jobqueue.keys import WORKER_GROUP, Keys, event_entry_id
-from conveyor.jobqueue.live import cluster_of, live_script
+from conveyor.jobqueue.pubsub.publish import live_publish_command
 from conveyor.jobqueue.queue import QueuePlace, ensure_group
+from conveyor.jobqueue.scripts.jobs import RECLAIM, UNCLAIM, end_queued
 from conveyor.settings import Settings
 from conveyor.telemetry.tracing import Tracing
 from conveyor.webhooks.enqueue import WebhookQueue
@@ -27,30 +29,6 @@ from conveyor.wire.job import JobEvent, JobResult, JobSpec, JobStatus, RecordFie
 
 log = logging.getLogger("conveyor.api.jobpath.store")
 
-# queued → a terminal state, by the api, for a job no worker holds yet (cancelled, expired). One
-# job's keys only (one hash slot): the record, its event stream; the final event is published too.
-# Atomic with the worker's take: a worker that reads the job later finds it ended and only acks it.
-_END_QUEUED = """
-if redis.call('HGET', KEYS[1], ARGV[1]) ~= 'queued' then return 0 end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
-redis.pcall('XADD', KEYS[2], 'MAXLEN', '~', ARGV[9], ARGV[11], 'e', ARGV[7])
-redis.call('EXPIRE', KEYS[1], ARGV[8])
-redis.call('EXPIRE', KEYS[2], ARGV[8])
-redis.call('PUBLISH', ARGV[10], ARGV[7])
-return 1
-"""
-
-# An Idempotency-Key whose job expired is claimed anew only if it still holds what was read (one key).
-_RECLAIM = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
-return 1
-"""
-# A refused submit gives its Idempotency-Key back only if the key is still its own.
-_UNCLAIM = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
 CLAIM_TRIES = 3
 
 
@@ -76,9 +54,9 @@ class JobStore:
         self.tenants = TenantIndex(redis, keys, settings)
         self.admission = Admission(redis, keys, settings)
         self.placement = Placement(redis, keys, settings)
-        self._end_queued = redis.register_script(live_script(_END_QUEUED, redis))
-        self._reclaim = redis.register_script(_RECLAIM)
-        self._unclaim = redis.register_script(_UNCLAIM)
+        self._end_queued = redis.register_script(end_queued(live_publish_command(redis)).source)
+        self._reclaim = redis.register_script(RECLAIM.source)
+        self._unclaim = redis.register_script(UNCLAIM.source)
 
     async def ensure_group(self) -> None:
         """The workers' consumer group, so the queue's lag is measured before a worker starts."""
@@ -225,10 +203,9 @@ class JobStore:
         event = JobEvent.ending(0, result).model_dump_json(exclude_none=True)
         ended = await self._end_queued(
             keys=[self.keys.job(job_id), self.keys.events(job_id)],
-            args=[RecordField.STATUS.value, status.value,
-                  RecordField.RESULT.value, result.model_dump_json(exclude_none=True),
-                  RecordField.FINISHED_AT.value, time.time(), event, self.settings.result_ttl,
-                  self.settings.event_stream_maxlen, self.keys.channel(job_id), event_entry_id(0)],
+            args=[status.value, result.model_dump_json(exclude_none=True), time.time(), event,
+                  self.settings.result_ttl, self.settings.event_stream_maxlen, self.keys.channel(job_id),
+                  event_entry_id(0)],
         )
         if ended:
             await self._ended_in_queue(job_id, status)

@@ -26,9 +26,11 @@ from pydantic import BaseModel, Field
 from conveyor.api.auth import Auth, is_admin, tenant
 from conveyor.api.context import ApiContext
 from conveyor.api.errors import NotFound
+from conveyor.api.fleet import live_workers
 from conveyor.api.openapi import error_responses
+from conveyor.jobqueue.scripts.jobs import JOB_STATS
 from conveyor.wire.heartbeat import WorkerInfo
-from conveyor.wire.job import JobStatus, RecordField
+from conveyor.wire.job import JobStatus
 
 router = APIRouter(tags=["Console"])
 
@@ -46,20 +48,6 @@ WINDOW_S = 600  # the minutes the overview counts jobs over
 SLACK_S = 300  # jobs submitted this long before the window may have finished in it
 MAX_SAMPLED = 1000  # newest jobs read at most per overview
 ENDED = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.EXPIRED)
-
-# KEYS: one job record. Its status, finished_at, and its result's completion token count.
-_JOB_STATS = f"""
-local v = redis.call('HMGET', KEYS[1], '{RecordField.STATUS}', '{RecordField.FINISHED_AT}',
-                     '{RecordField.RESULT}')
-local tokens = 0
-if v[3] then
-  local ok, r = pcall(cjson.decode, v[3])
-  if ok and type(r) == 'table' and type(r.usage) == 'table' then
-    tokens = tonumber(r.usage.completion_tokens) or 0
-  end
-end
-return {{v[1] or false, v[2] or false, tokens}}
-"""
 
 
 class Minute(BaseModel):
@@ -131,7 +119,7 @@ async def job_counts(ctx: ApiContext, now: float) -> JobCounts:
     ids, truncated = await _candidates(ctx, now - WINDOW_S - SLACK_S)
     # Loaded first, then EVALSHA as a command: redis-py's cluster pipeline refuses its evalsha method
     # (and the Script helper) but routes the command by its key; SCRIPT LOAD reaches every primary.
-    sha = await redis.script_load(_JOB_STATS) if ids else ""
+    sha = await redis.script_load(JOB_STATS.source) if ids else ""
     pipe = redis.pipeline(transaction=False)
     for job_id in ids:
         pipe.execute_command("EVALSHA", sha, 1, keys.job(job_id))
@@ -156,8 +144,6 @@ async def job_counts(ctx: ApiContext, now: float) -> JobCounts:
 async def overview(request: Request, caller: str = Depends(tenant)) -> Overview:
     """What the console's overview shows: the queue's depth (as /metrics computes it), the live workers
     (their heartbeats), and the jobs of the last minutes (fleet-wide counts, no tenant's data)."""
-    from conveyor.api.app import live_workers  # the app imports this module: read the heartbeats its way
-
     ctx = ApiContext.of(request)
     auth: Auth = request.app.state.auth
     admin = is_admin(auth, caller, ctx.settings)

@@ -1,81 +1,29 @@
-"""Attention over the paged KV cache, one backend per device kind.
+"""Attention over the paged KV cache, one backend per device kind, chosen here (select_attention).
 
-A step's batch is flattened without padding: the decode rows (one query each) come first, then the
-prefill chunks one after another. `AttentionBatch` says where each sequence's rows are and what
-context they see; a backend turns it once per step into its own metadata, which every layer reuses.
+cpu.py: the C++ kernels on CPU; flash.py and triton_paged.py: CUDA's; torch_paged.py: plain torch
+on any device, the fallback of the others. The model asks its backend through AttentionBackend
+(and native_plan) only, and imports none of them.
+
+The interface (geometry, batch, backend protocol, native plan) is base.py's, re-exported here.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import logging
-from dataclasses import dataclass
-from typing import Any, Protocol
 
-import torch
+from conveyor.engine.attention.base import (
+    AttentionBackend,
+    AttentionBatch,
+    AttentionGeometry,
+    NativePlan,
+    native_plan,
+)
+
+__all__ = ["AttentionBackend", "AttentionBatch", "AttentionGeometry", "NativePlan", "native_plan",
+           "select_attention", "flash_unavailable_reason", "ATTENTION_CHOICES"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class AttentionGeometry:
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    block_size: int
-    num_blocks: int  # usable blocks; block `num_blocks` is the cache's scratch block
-    device: torch.device
-    dtype: torch.dtype  # of queries, keys and values as the model computes them
-    kv_dtype: torch.dtype | None = None  # the cache's element type; None: dtype
-
-    @property
-    def cache_dtype(self) -> torch.dtype:
-        return self.kv_dtype or self.dtype
-
-    @property
-    def scale(self) -> float:
-        return self.head_dim**-0.5
-
-    @property
-    def scratch_block(self) -> int:
-        return self.num_blocks
-
-
-@dataclass(slots=True)
-class AttentionBatch:
-    """One step, in flattened order. Sequence i owns rows [sum(query_lens[:i]), ... + query_lens[i])."""
-
-    num_decode: int  # the first num_decode sequences have exactly one query row
-    query_lens: list[int]
-    context_lens: list[int]  # start + length: the positions the last query row sees
-    block_tables: list[list[int]]
-    slots: torch.Tensor  # [num_tokens] long, on device: cache slot of each new token
-
-
-class AttentionBackend(Protocol):
-    name: str
-    supports_graphs: bool  # its pure-decode forward can be captured in a CUDA graph
-
-    def cache_shape(self) -> tuple[int, ...]:
-        """Shape of one layer's K (and V) tensor, scratch block included."""
-        ...
-
-    def prepare(self, batch: AttentionBatch) -> Any:
-        """Everything that is the same for all layers of this step."""
-        ...
-
-    def forward(
-        self,
-        q: torch.Tensor,  # [T, heads, head_dim]
-        k: torch.Tensor,  # [T, kv_heads, head_dim]
-        v: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: Any,
-        window: int | None,  # sliding window (keys with q_pos - k_pos < window), None: full
-    ) -> torch.Tensor:  # [T, heads * head_dim]
-        """Writes k/v into the cache at the batch's slots, then attends."""
-        ...
 
 
 def flash_unavailable_reason(geometry: AttentionGeometry) -> str | None:
@@ -95,7 +43,8 @@ ATTENTION_CHOICES = ("auto", "flash-attn", "triton", "torch")
 
 def select_attention(geometry: AttentionGeometry, choice: str = "auto") -> AttentionBackend:
     """The backend `choice` names; `auto`: on CUDA flash-attn when it can run, else the Triton
-    kernels, else plain torch (with a warning); elsewhere plain torch (with the C++ kernels on CPU)."""
+    kernels, else plain torch (with a warning); on CPU the C++ kernels where they are built, else
+    plain torch; `torch`: plain torch on any device."""
     from conveyor.engine.attention.triton_paged import triton_unavailable_reason
 
     if choice not in ATTENTION_CHOICES:
@@ -105,6 +54,13 @@ def select_attention(geometry: AttentionGeometry, choice: str = "auto") -> Atten
         choice = "flash-attn" if flash is None else "triton" if triton is None else "torch"
         if choice == "torch":
             logger.warning("using torch attention on CUDA, which is much slower: %s; %s", flash, triton)
+    if choice == "auto" and geometry.device.type == "cpu":
+        from conveyor.engine.attention.cpu import CpuAttention, cpu_unavailable_reason
+
+        # Built (or loaded from its cache) here, at startup, rather than inside the first step.
+        if (reason := cpu_unavailable_reason(geometry)) is None:
+            return CpuAttention(geometry)
+        logger.info("using torch attention on CPU: %s", reason)
     if choice == "flash-attn":
         if (reason := flash_unavailable_reason(geometry)) is not None:
             raise ValueError(f"attention flash-attn cannot run: {reason}; use --attention auto")

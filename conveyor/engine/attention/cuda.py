@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from conveyor.engine.attention import AttentionBatch, AttentionGeometry
+from conveyor.engine.attention.base import AttentionBatch, AttentionGeometry
 
 
 @dataclass(slots=True)

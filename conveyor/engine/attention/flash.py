@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from conveyor.engine.attention import AttentionBatch, AttentionGeometry
+from conveyor.engine.attention.base import AttentionBatch, AttentionGeometry
 from conveyor.engine.attention.cuda import CudaMeta, cuda_layout, cumulative, prepare_meta, write_kv
 
 

@@ -1,4 +1,4 @@
-"""Attention in plain torch over the paged cache: any device (the CPU path, and CUDA's fallback).
+"""Attention in plain torch over the paged cache: any device (the fallback of CPU's and CUDA's kernels).
 
 Cache layout per layer: V is [num_blocks + 1, kv_heads, block_size, head_dim]; K has the same shape
 but holds each (block, head) transposed, [head_dim, block_size]. A block is one contiguous piece
@@ -9,16 +9,8 @@ on CPU, and why K is transposed). The CUDA backends keep flash-attn's own layout
 Decode rows (one query each) go through SDPA a group at a time, a group being rows that read the
 same number of blocks: each row's queries become [kv_heads, heads // kv_heads, head_dim], a short
 "sequence" of queries per KV head, so grouped-query attention needs no repeated K/V. Prefill chunks go one
-by one through SDPA.
-
-On CPU with fp32 queries and an fp32 or bfloat16 cache (widened as it is loaded), decode rows
-instead go through the C++ kernel of cpu_kernel.py, which reads the blocks in place through the
-block tables: decode attention is memory-bound, and the gather reads and writes every K/V byte
-before SDPA reads it again. All prefill chunks of a step go through one call of the C++ prefill
-kernel (paged_prefill.cpp: query tiles x key blocks, online softmax, in place through the block
-tables, tasks over (chunk, KV head, tile) on all threads) instead of SDPA chunk by chunk. The gather
-path above stays as the fallback (CONVEYOR_CPU_ATTENTION=torch, or no compiler; =decode keeps SDPA
-for prefill only) and for other devices and dtypes.
+by one through SDPA. On CPU with fp32 queries the C++ kernels of cpu.py serve the same cache in place
+where they are built; this backend is their fallback (no compiler, `--attention torch`, other dtypes).
 """
 
 from __future__ import annotations
@@ -28,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from conveyor.engine.attention import AttentionBatch, AttentionGeometry, cpu_kernel
+from conveyor.engine.attention.base import AttentionBatch, AttentionGeometry
 from conveyor.engine.workspace import Workspace
 
 # Decode rows per gather: the group's gathered K and V should still be in cache when SDPA reads
@@ -57,46 +49,10 @@ class _DecodeGroup:
 
 
 @dataclass(slots=True)
-class _PagedDecode:
-    """All decode rows, for the C++ kernel: int32 block tables padded to the widest row."""
-
-    tables: torch.Tensor  # [rows, max_blocks]
-    context: torch.Tensor  # [rows]
-
-
-@dataclass(slots=True)
-class _PagedPrefill:
-    """All prefill chunks, for the C++ prefill kernel: int32 block tables padded to the widest."""
-
-    row: int  # first prefill row in the flattened batch
-    tables: torch.Tensor  # [chunks, max_blocks]
-    starts: torch.Tensor  # [chunks] position of each chunk's first row
-    lens: torch.Tensor  # [chunks]
-
-
-@dataclass(frozen=True, slots=True)
-class NativePlan:
-    """A step's attention for the model's C++ layer loop (conveyor/engine/model/layer_loop.cpp): the decode
-    rows through the paged decode kernel, then every prefill chunk in one paged prefill call."""
-
-    slots: torch.Tensor  # [rows] int64
-    decode_tables: torch.Tensor | None  # [decode rows, max_blocks] int32; None: no decode rows
-    context: torch.Tensor | None  # [decode rows] int32
-    prefill_tables: torch.Tensor | None  # [chunks, max_blocks] int32, rows after the decode rows; None: none
-    starts: torch.Tensor | None
-    lens: torch.Tensor | None
-    scale: float
-
-
-@dataclass(slots=True)
 class TorchMeta:
-    slots: torch.Tensor  # [T] cache slot of each new token
-    # (block, offset) of each new token, for the torch write; None where kv_write.cpp writes
-    where: tuple[torch.Tensor, torch.Tensor] | None
+    where: tuple[torch.Tensor, torch.Tensor]  # (block, offset) of each new token
     decode: list[_DecodeGroup]
-    paged: _PagedDecode | None
     prefills: list[_Prefill]
-    paged_prefill: _PagedPrefill | None
     # Masks, built by the first layer that needs one and reused by the others.
     masks: dict[tuple[int, int, int | None], torch.Tensor | None] = field(default_factory=dict)
 
@@ -114,11 +70,6 @@ class TorchAttention:
             torch.empty(0, dtype=geometry.cache_dtype, device=geometry.device) for _ in range(2)
         ]
         self._output = Workspace(geometry.device, geometry.dtype)  # forward's result, reused on CPU
-        # Built (or loaded from its cache) here, at startup, rather than inside the first step.
-        on_cpu = geometry.device.type == "cpu" and geometry.dtype == torch.float32
-        on_cpu = on_cpu and geometry.cache_dtype in (torch.float32, torch.bfloat16)
-        self.kernel = on_cpu and cpu_kernel.load() is not None
-        self.prefill_kernel = self.kernel and cpu_kernel.prefill_enabled()
 
     def cache_shape(self) -> tuple[int, ...]:
         g = self.g
@@ -127,9 +78,8 @@ class TorchAttention:
     def prepare(self, batch: AttentionBatch) -> TorchMeta:
         bs, device = self.g.block_size, self.g.device
         decode: list[_DecodeGroup] = []
-        paged = self._paged(batch) if self.kernel and batch.num_decode else None
         widths = [-(-ctx // bs) for ctx in batch.context_lens[: batch.num_decode]]
-        lo = 0 if paged is None else batch.num_decode
+        lo = 0
         while lo < batch.num_decode:
             # A group holds rows of one width only (the runner sorts rows by width, so groups stay
             # large): a row's attention never depends on its neighbours and never reads padding.
@@ -156,60 +106,7 @@ class TorchAttention:
                 blocks = torch.tensor(batch.block_tables[i][: -(-ctx // bs)], dtype=torch.long, device=device)
             prefills.append(_Prefill(row=row, length=length, start=start, blocks=blocks))
             row += length
-        paged_prefill = self._paged_prefill(batch) if self.prefill_kernel and prefills else None
-        return TorchMeta(
-            slots=batch.slots,
-            where=None if self.kernel else (batch.slots // bs, batch.slots % bs),
-            decode=decode,
-            paged=paged,
-            prefills=[] if paged_prefill else prefills,
-            paged_prefill=paged_prefill,
-        )
-
-    def native_plan(self, meta: TorchMeta) -> NativePlan | None:
-        """The step's attention as the C++ layer loop runs it, or None when some of it needs this
-        class's Python path (no kernel, or prefill chunks through SDPA)."""
-        if not self.kernel or meta.decode or meta.prefills:
-            return None
-        d, p = meta.paged, meta.paged_prefill
-        return NativePlan(
-            slots=meta.slots,
-            decode_tables=None if d is None else d.tables,
-            context=None if d is None else d.context,
-            prefill_tables=None if p is None else p.tables,
-            starts=None if p is None else p.starts,
-            lens=None if p is None else p.lens,
-            scale=self.g.scale,
-        )
-
-    def _paged(self, batch: AttentionBatch) -> _PagedDecode:
-        n, bs = batch.num_decode, self.g.block_size
-        context = batch.context_lens[:n]
-        width = max(-(-ctx // bs) for ctx in context)
-        # Padding points at the scratch block; the kernel never reads past a row's context anyway.
-        tables = [
-            table[: -(-ctx // bs)] + [self.g.scratch_block] * (width - -(-ctx // bs))
-            for table, ctx in zip(batch.block_tables[:n], context, strict=True)
-        ]
-        return _PagedDecode(
-            tables=torch.tensor(tables, dtype=torch.int32), context=torch.tensor(context, dtype=torch.int32)
-        )
-
-    def _paged_prefill(self, batch: AttentionBatch) -> _PagedPrefill:
-        bs, first = self.g.block_size, batch.num_decode
-        widths = [-(-ctx // bs) for ctx in batch.context_lens[first:]]
-        tables = [
-            table[:w] + [self.g.scratch_block] * (max(widths) - w)
-            for table, w in zip(batch.block_tables[first:], widths, strict=True)
-        ]
-        lens = batch.query_lens[first:]
-        starts = [ctx - n for ctx, n in zip(batch.context_lens[first:], lens, strict=True)]
-        return _PagedPrefill(
-            row=first,  # decode rows have one query each
-            tables=torch.tensor(tables, dtype=torch.int32),
-            starts=torch.tensor(starts, dtype=torch.int32),
-            lens=torch.tensor(lens, dtype=torch.int32),
-        )
+        return TorchMeta(where=(batch.slots // bs, batch.slots % bs), decode=decode, prefills=prefills)
 
     def forward(
         self,
@@ -224,29 +121,15 @@ class TorchAttention:
         hd = self.g.head_dim
         # Write first: every query of this step must see its own token and the chunk before it.
         # Both seen as [blocks, block_size, kv, hd], token i's [kv, hd] goes to (block, offset).
-        if self.kernel:  # one C++ call for both, converting as it stores (kv_write.cpp)
-            cpu_kernel.write_kv(k, v, k_cache, v_cache, meta.slots)
-        else:
-            assert meta.where is not None  # prepare() sets it whenever the kernel is off
-            keys_by_token(k_cache).index_put_(meta.where, k.to(k_cache.dtype))
-            v_cache.transpose(1, 2).index_put_(meta.where, v.to(v_cache.dtype))
+        keys_by_token(k_cache).index_put_(meta.where, k.to(k_cache.dtype))
+        v_cache.transpose(1, 2).index_put_(meta.where, v.to(v_cache.dtype))
         if meta.prefills and k_cache.dtype != q.dtype:  # SDPA on a fresh prompt reads k/v, not the cache:
             k, v = k.to(k_cache.dtype).to(q.dtype), v.to(v_cache.dtype).to(q.dtype)  # the cache's values
         # Reused by every layer on CPU: the o projection has read the last layer's output before
         # the next one writes it, and a fresh tensor per layer costs an allocation and page faults.
         out = self._output("out", q.shape)
-        if meta.paged is not None:
-            p = meta.paged
-            n = p.context.numel()
-            rows = slice(None) if n == q.shape[0] else slice(n)
-            cpu_kernel.paged_decode(q[rows], k_cache, v_cache, p.tables, p.context, self.g.scale, window,
-                                    out=out[rows])
         for i, grp in enumerate(meta.decode):
             self._decode(q, k_cache, v_cache, grp, self._mask(meta, 0, i, window), out)
-        if meta.paged_prefill is not None:
-            p = meta.paged_prefill
-            args = (p.tables, p.starts, p.lens, self.g.scale, window)
-            cpu_kernel.paged_prefill(q[p.row :], k_cache, v_cache, *args, out=out[p.row :])
         for i, chunk in enumerate(meta.prefills):
             self._prefill(q, k, v, k_cache, v_cache, chunk, self._mask(meta, 1, i, window), out)
         return out.view(q.shape[0], self.g.num_heads * hd)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from conveyor.engine.attention import AttentionBatch, AttentionGeometry
+from conveyor.engine.attention.base import AttentionBatch, AttentionGeometry
 from conveyor.engine.attention.cuda import CudaMeta, cuda_layout, cumulative, prepare_meta, write_kv
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ class TritonAttention:
     supports_graphs = True
 
     def __init__(self, geometry: AttentionGeometry, split_min: int | None = None) -> None:
-        from conveyor.engine.attention import triton_kernels
+        import conveyor.engine.attention.triton_kernels as triton_kernels
 
         self.g = geometry
         self.kernels = triton_kernels

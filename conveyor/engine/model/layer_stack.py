@@ -1,39 +1,46 @@
-"""Which Llama forwards run their layer loop in one C++ call (layer_loop.cpp's LayerStack).
+"""Which Llama forwards run their layer loop in one C++ call (native/layer_loop.cpp's LayerStack).
 
-Built where every piece of a layer has its kernel here: CPU float32, the fused ops (fused_ops.py)
-and both attention kernels (conveyor/engine/attention/cpu_kernel.py) built, the fused RMS norm reproducing
-F.rms_norm's bits, SiLU, the GEMMs oneDNN's fp32 ones (linear.py). Elsewhere, or under
-CONVEYOR_CPU_LAYER_LOOP=python, the forward keeps its Python loop: the same kernels one call at a
-time, the same bits, slower.
+Built where every piece of a layer has its kernel here: CPU float32, the fused ops and the
+attention kernels built (conveyor/engine/native/), the fused RMS norm reproducing F.rms_norm's bits,
+SiLU, the GEMMs oneDNN's fp32 ones (linear.py). Elsewhere the forward keeps its Python loop: the
+same kernels one call at a time, the same bits, slower. A step runs the C++ loop only when its
+attention backend gives a plan for it (attention.native_plan: the CPU kernels' backend does).
 """
 
 from __future__ import annotations
 
 import logging
-import os
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
-from conveyor.engine.attention import cpu_kernel
-
-if TYPE_CHECKING:
-    from conveyor.engine.model.llama import Llama
+from conveyor.engine.native import paged_attention
 
 logger = logging.getLogger(__name__)
 
-ENV = "CONVEYOR_CPU_LAYER_LOOP"  # "python": the forward's Python loop, not layer_loop.cpp
 # Rows per slice of the MLP on CPU, in both loops (Llama._mlp says why).
 MLP_ROWS = 512
 
 
-def build_layer_stack(model: Llama) -> Any:
+class StackedModel(Protocol):
+    """What the LayerStack is built from (the Llama model)."""
+
+    fused: Any  # the fused ops' extension, None where it is not built
+    layers: Sequence[Any]  # input_norm, qkv, o, post_norm, gate_up, down, window each
+    norm_lanes: int
+    silu: bool
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    eps: float
+
+
+def build_layer_stack(model: StackedModel) -> Any:
     """The model's LayerStack, or None where the Python loop must run (see above; logged when the
     extension has the class but cannot build it, e.g. under a torch release whose private oneDNN
     op changed its signature)."""
-    if os.environ.get(ENV, "cpp").strip().lower() == "python":
-        return None
     ls = model.layers
     gemms = [linear for la in ls for linear in (la.qkv, la.o, la.gate_up, la.down)]
-    if (model.fused is None or not model.norm_lanes or not model.silu or cpu_kernel.load() is None
+    if (model.fused is None or not model.norm_lanes or not model.silu or paged_attention.load() is None
             or not all(linear.packed and not linear.bf16 for linear in gemms)):
         return None
     try:

@@ -4,11 +4,12 @@ On CPU in float32 that is oneDNN with the weight reordered once, at load, into i
 measured here (AMD EPYC, 2 threads) it runs the decode-sized GEMMs (64 rows) 1.2-1.6x faster than
 MKL's sgemm, which torch.mm uses, and a large square matmul at 212 against 176 GFLOP/s. A row's
 result does not depend on how many rows are in the batch, which seeded sampling relies on.
-Elsewhere (CUDA, other dtypes, a torch built without oneDNN, CONVEYOR_CPU_GEMM=torch) it is
-torch.mm on the plain weight, and so it is when oneDNN's ops (private to torch) give a result that
-differs from torch.mm's on a small matrix, checked once at load.
+Elsewhere (CUDA, other dtypes, a torch built without oneDNN) it is torch.mm on the plain weight,
+and so it is when oneDNN's ops (private to torch) give a result that differs from torch.mm's on a
+small matrix, checked once at load.
 
-CONVEYOR_CPU_GEMM=bf16 (opt-in) keeps the weights in bfloat16 and runs the GEMMs in it (inputs
+`bf16=True` (the engine's gemm_dtype bfloat16, opt-in) keeps the weight in bfloat16 and runs the
+GEMM in it (inputs
 rounded to bfloat16, fp32 accumulation, outputs rounded to bfloat16 and widened back), on a CPU
 with native bfloat16 dot products (AVX512_BF16 or AMX): ~1.6x the fp32 GEMMs' speed here and half
 their memory traffic. Everything else (norms, attention, the KV cache, the logits) stays fp32, but
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -28,43 +28,33 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-ENV = "CONVEYOR_CPU_GEMM"
 # Rows the weight is laid out for; oneDNN's reorder takes it as a hint, any row count works.
 _PACK_ROWS = 64
 
 
 @functools.cache
 def onednn_available() -> bool:
-    """oneDNN's prepacked fp32 linear is usable in this torch build, not turned off, and agrees
-    with torch.mm (checked once, at the first load)."""
-    choice = _choice()
-    if choice == "torch":
-        return False
-    if choice not in ("onednn", "bf16"):
-        logger.warning("%s=%r is not 'onednn', 'bf16' or 'torch'; using oneDNN where it is available",
-                       ENV, choice)
+    """oneDNN's prepacked fp32 linear is usable in this torch build and agrees with torch.mm
+    (checked once, at the first load)."""
     return onednn_usable(torch.ops.mkldnn)
 
 
 @functools.cache
 def bf16_gemms() -> bool:
-    """CONVEYOR_CPU_GEMM=bf16 asked for, and this CPU and torch build can honour it (else it says
+    """Whether this CPU and torch build can run the GEMMs in bfloat16 when asked (else it says
     why, once, and the GEMMs stay fp32)."""
-    if _choice() != "bf16" or not onednn_available():
+    if not onednn_available():
         return False
     if not cpu_has_native_bf16():
-        logger.warning("%s=bf16: this CPU has no AVX512_BF16 or AMX, where oneDNN would emulate "
-                       "bfloat16 slower than fp32; the GEMMs stay fp32", ENV)
+        logger.warning("gemm_dtype bfloat16: this CPU has no AVX512_BF16 or AMX, where oneDNN would "
+                       "emulate bfloat16 slower than fp32; the GEMMs stay fp32")
         return False
     reason = bf16_mismatch(torch.ops.mkldnn)
     if reason is not None:
-        logger.warning("%s=bf16: oneDNN's bfloat16 linear is not used, the GEMMs stay fp32: %s", ENV, reason)
+        logger.warning("gemm_dtype bfloat16: oneDNN's bfloat16 linear is not used, the GEMMs stay fp32: %s",
+                       reason)
         return False
     return True
-
-
-def _choice() -> str:
-    return os.environ.get(ENV, "onednn").strip().lower()
 
 
 def cpu_has_native_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
@@ -146,14 +136,12 @@ def onednn_mismatch(ops: Any) -> str | None:
 class Linear:
     """y = x @ weight.T (+ bias). `packed` weights are opaque: use them only through this class."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                 allow_bf16: bool = True) -> None:
-        """`allow_bf16`: this weight may go to bfloat16 when CONVEYOR_CPU_GEMM=bf16 (the lm_head does
-        not: the logits stay fp32)."""
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, bf16: bool = False) -> None:
+        """`bf16`: run this fp32 CPU GEMM in bfloat16 where the CPU can (bf16_gemms)."""
         self.out_features, self.in_features = weight.shape
         self.bias = bias
         self.packed = weight.device.type == "cpu" and weight.dtype == torch.float32 and onednn_available()
-        self.bf16 = self.packed and allow_bf16 and bf16_gemms()
+        self.bf16 = self.packed and bf16 and bf16_gemms()
         if self.bf16:
             weight = weight.to(torch.bfloat16)
             self.bias = None if bias is None else bias.to(torch.bfloat16)

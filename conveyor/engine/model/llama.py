@@ -15,12 +15,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conveyor.engine.attention import AttentionBackend
-from conveyor.engine.attention.torch_paged import NativePlan, TorchAttention
-from conveyor.engine.model import SUPPORTED_MODEL_TYPES, fused_ops
+from conveyor.engine.attention import AttentionBackend, NativePlan, native_plan
+from conveyor.engine.model import SUPPORTED_MODEL_TYPES
 from conveyor.engine.model.layer_stack import MLP_ROWS, build_layer_stack
 from conveyor.engine.model.linear import Linear, exact_min_rows
 from conveyor.engine.model.row_padding import padded_rows
+from conveyor.engine.native import fused_ops
+from conveyor.engine.step_observer import StepObserver
 from conveyor.engine.workspace import Workspace
 
 # RoPE variants whose frequencies depend on the longest position seen: computed per step by
@@ -47,7 +48,10 @@ class _Layer:
 
 
 class Llama:
-    def __init__(self, hf_model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, hf_model: nn.Module, device: torch.device, dtype: torch.dtype,
+                 bf16_gemms: bool = False) -> None:
+        """`bf16_gemms`: the layers' GEMMs in bfloat16 on a CPU that has them (linear.py; the
+        lm_head stays fp32)."""
         hf: Any = hf_model  # transformers modules are untyped attribute bags
         cfg = hf.config
         if cfg.model_type not in SUPPORTED_MODEL_TYPES:
@@ -71,14 +75,14 @@ class Llama:
         self.silu = cfg.hidden_act == "silu"
         cpu = device.type == "cpu"
         self.min_rows = self.exact_rows = _CPU_MIN_ROWS if cpu else 1
-        # fused_ops.cpp's silu_and_mul and rope on CPU in float32, else None: torch's ops. One
-        # attribute, so that a benchmark can switch paths in one process (benchmarks/engine.py --fused).
+        # fused_ops.cpp's silu_and_mul and rope on CPU in float32 where it is built, else None:
+        # torch's ops (the same bits).
         self.fused: ModuleType | None = fused_ops.for_model(device, dtype)
         # F.rms_norm for float32 on CPU: one op, the same bits as _rms_norm's five (tests check it);
         # with the fused module, its rms_norm at the vector width that gives F.rms_norm's bits here
         # (0: none does, F.rms_norm). One pass instead of F.rms_norm's five ops: about half its time
-        # a call at decode sizes (benchmarks/fused_ops.py).
-        self.fused_norm = cpu and dtype == torch.float32 and fused_ops.enabled()
+        # a call at decode sizes.
+        self.fused_norm = cpu and dtype == torch.float32
         self.norm_lanes = fused_ops.norm_lanes(self.hidden_size, self.eps) if self.fused is not None else 0
         self._workspace = Workspace(device, dtype)
 
@@ -86,10 +90,11 @@ class Llama:
         self.embed = self._param(base.embed_tokens.weight)
         lm_head: torch.Tensor = hf.lm_head.weight
         self.tied_embeddings = lm_head.data_ptr() == base.embed_tokens.weight.data_ptr()
-        self.lm_head = Linear(self.embed if self.tied_embeddings else self._param(lm_head), allow_bf16=False)
+        self.lm_head = Linear(self.embed if self.tied_embeddings else self._param(lm_head))
         self.norm = self._param(base.norm.weight)
+        self.bf16_gemms = bf16_gemms
         self.layers = [self._layer(layer, i, cfg) for i, layer in enumerate(base.layers)]
-        # The layers' GEMMs: bfloat16 under CONVEYOR_CPU_GEMM=bf16 (linear.py), else the model's dtype.
+        # The layers' GEMMs: bfloat16 where asked and the CPU has them (linear.py), else the model's dtype.
         self.gemm_dtype = torch.bfloat16 if any(la.qkv.bf16 for la in self.layers) else dtype
         if cpu:
             gemms = ((la.qkv, la.o, la.gate_up, la.down) for la in self.layers)
@@ -101,9 +106,9 @@ class Llama:
         self.rotary = copy.deepcopy(base.rotary_emb).to(device)
         self.graph_safe = getattr(self.rotary, "rope_type", "default") not in _DYNAMIC_ROPE
         # The layer loop in one C++ call (layer_loop.cpp), where every piece of it has its kernel;
-        # else None: the Python loop below. One attribute, so that a benchmark (benchmarks/layer_loop.py,
-        # --layer-loop) can take the Python loop in the same process.
+        # else None: the Python loop below.
         self.layer_stack: Any = build_layer_stack(self)
+        self.observer: StepObserver | None = None  # Engine.observe sets it
 
     def _param(self, t: torch.Tensor) -> torch.Tensor:
         return t.detach().to(device=self.device, dtype=self.dtype).contiguous()
@@ -134,7 +139,7 @@ class Llama:
         )
 
     def _linear(self, weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
-        return Linear(self._param(weight), self._optional(bias))
+        return Linear(self._param(weight), self._optional(bias), bf16=self.bf16_gemms)
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sign-folded sin, [T, 1, head_dim]: once per step, shared by all layers."""
@@ -168,10 +173,10 @@ class Llama:
         norm_out = self._buffer("norm", (n_tok, self.hidden_size))
         qk = self._buffer("qk", (n_tok, heads + kv, hd))  # q and k rotated (_rope)
         h = F.embedding(input_ids, self.embed)
-        # The C++ loop is built over the fused ops: a benchmark that switches them off (or the norm
-        # to F.rms_norm) takes the Python loop, which follows those switches.
+        # The C++ loop is built over the fused ops: a model without them (tests switch them off to
+        # compare bits) takes the Python loop; so does a backend without a plan for it.
         if self.layer_stack is not None and self.fused is not None and self.fused_norm and self.norm_lanes:
-            plan = attention.native_plan(meta) if isinstance(attention, TorchAttention) else None
+            plan = native_plan(attention, meta)
             if plan is not None:
                 return self._native_layers(h, cos, sin, n_real, norm_out, qk, plan, k_cache, v_cache)
         q, k = qk[:n_real, :heads], qk[:n_real, heads:]
@@ -182,7 +187,11 @@ class Llama:
             qkv = self._apply(layer.qkv, self._rms_norm(h, layer.input_norm, norm_out), "qkv")
             self._rope(qkv, cos, sin, qk)
             v = qkv[:n_real, v_cols].view(n_real, kv, hd)
+            if self.observer is not None:
+                self.observer.start("attention")
             att = attention.forward(q, k, v, k_cache[i], v_cache[i], meta, layer.window)
+            if self.observer is not None:
+                self.observer.stop("attention")
             if n_real < n_tok:
                 att = F.pad(att, (0, 0, 0, n_tok - n_real))
             h = layer.o.residual(h, att)
@@ -201,6 +210,8 @@ class Llama:
         step = self.fused.StepAttention(plan.slots, plan.decode_tables, plan.context, plan.prefill_tables,
                                         plan.starts, plan.lens, plan.scale)
         out = self.layer_stack.forward(h, cos, sin, n_real, norm_out, qk, act, att, k_cache, v_cache, step)
+        if self.observer is not None:
+            self.observer.native(self.layer_stack.last_timings())
         return out[:n_real]
 
     def _mlp(self, h: torch.Tensor, layer: _Layer) -> torch.Tensor:

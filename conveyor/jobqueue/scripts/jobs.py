@@ -1,0 +1,112 @@
+"""The api's Lua scripts on a job: admit it, place it, claim its Idempotency-Key, end it in the queue;
+and the two that read or annotate a job record outside the job path (the console, the webhooks)."""
+
+from __future__ import annotations
+
+from conveyor.jobqueue.scripts import PublishCommand, Script
+from conveyor.wire.job import JobStatus as S
+from conveyor.wire.job import RecordField as F
+
+# Counts a job against one admission cap (conveyor/api/jobpath/admission.py): the count and the add
+# are one step, so the cap holds exactly under bursts and across api processes.
+ADMIT = Script(
+    keys=("the cap's set of admitted jobs",),
+    argv=("job id", "created_at (its score)", "cap", "ttl"),
+    returns="1: admitted (or was already), 0: the set is full",
+    source="""
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 1 end
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+return 1
+""",
+)
+
+# Queues a job on the own stream of the worker holding its prefix (conveyor/api/jobpath/placement.py),
+# or on the shared stream if the own stream is gone (its worker left and the fleet deleted it, FORGET):
+# both streams are in the shard's slot, so no job lands on a stream nobody reads.
+ENQUEUE = Script(
+    keys=("a worker's own stream", "the shared stream of the same shard"),
+    argv=("field, value, ...",),
+    returns="1: queued on the own stream, 0: it is gone, queued on the shared one",
+    source="""
+local key, placed = KEYS[2], 0
+if redis.call('EXISTS', KEYS[1]) == 1 then key, placed = KEYS[1], 1 end
+redis.call('XADD', key, '*', unpack(ARGV))
+return placed
+""",
+)
+
+# An Idempotency-Key whose job expired is claimed anew only if it still holds what was read.
+RECLAIM = Script(
+    keys=("the Idempotency-Key",),
+    argv=("the claim read", "the new claim", "ttl"),
+    returns="1: claimed, 0: it changed meanwhile",
+    source="""
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
+return 1
+""",
+)
+
+# A refused submit gives its Idempotency-Key back only if the key is still its own.
+UNCLAIM = Script(
+    keys=("the Idempotency-Key",),
+    argv=("this submit's claim",),
+    returns="1: given back, 0: not its own",
+    source="""
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+""",
+)
+
+
+def end_queued(publish: PublishCommand) -> Script:
+    """queued → a terminal state, by the api, for a job no worker holds yet (cancelled, expired): the
+    record, the final event, the TTLs, and the final event published with `publish`. Atomic with the
+    worker's TAKE: a worker that reads the job later finds it ended and only acknowledges it."""
+    return Script(
+        keys=("job record", "job event stream"),
+        argv=("status", "result JSON", "now", "final event JSON", "ttl", "maxlen", "job channel",
+              "final event's entry id"),
+        returns="1: ended, 0: it was not queued",
+        source=f"""
+if redis.call('HGET', KEYS[1], '{F.STATUS}') ~= '{S.QUEUED}' then return 0 end
+redis.call('HSET', KEYS[1], '{F.STATUS}', ARGV[1], '{F.RESULT}', ARGV[2], '{F.FINISHED_AT}', ARGV[3])
+redis.pcall('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], ARGV[8], 'e', ARGV[4])
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+redis.call('EXPIRE', KEYS[2], ARGV[5])
+redis.call('{publish}', ARGV[7], ARGV[4])
+return 1
+""",
+    )
+
+
+# The console's overview of a job (conveyor/api/routes/console.py): the result's token count is read
+# inside Redis, so no generated text crosses the wire.
+JOB_STATS = Script(
+    keys=("job record",),
+    argv=(),
+    returns="{status, finished_at, completion tokens}; status nil if the record is gone",
+    source=f"""
+local v = redis.call('HMGET', KEYS[1], '{F.STATUS}', '{F.FINISHED_AT}',
+                     '{F.RESULT}')
+local tokens = 0
+if v[3] then
+  local ok, r = pcall(cjson.decode, v[3])
+  if ok and type(r) == 'table' and type(r.usage) == 'table' then
+    tokens = tonumber(r.usage.completion_tokens) or 0
+  end
+end
+return {{v[1] or false, v[2] or false, tokens}}
+""",
+)
+
+# A webhook's delivery state on the job record (conveyor/webhooks/delivery.py), written only while the
+# record lives: a webhook retried past result_ttl must not re-create it.
+HSET_IF_EXISTS = Script(
+    keys=("job record",),
+    argv=("field", "value"),
+    returns="nil",
+    source="if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end",
+)
