@@ -35,6 +35,8 @@ TAKE = Script(
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
 redis.call('HSET', KEYS[1], '{F.WORKER}', ARGV[1], '{F.ATTEMPTS}', ARGV[2])
 local status = redis.call('HGET', KEYS[1], '{F.STATUS}')
+-- a queued record written on a cluster may keep its provisional TTL (JobStore.enqueue_after)
+if status == '{S.QUEUED}' then redis.call('PERSIST', KEYS[1]) end
 local cancel = redis.call('HGET', KEYS[1], '{F.CANCEL}')
 local waiting = status == '{S.QUEUED}' and ARGV[4] == '0'
 if ARGV[3] == '1' and not cancel and (status == '{S.RUNNING}' or waiting) then
