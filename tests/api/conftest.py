@@ -68,7 +68,8 @@ def blocks_used(service: RunningService) -> int:
 def wait_ready(service: RunningService, timeout: float = 180) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if httpx.get(service.base_url + "/ready", timeout=5).status_code == 200:
+        r = httpx.get(service.base_url + "/ready", timeout=5)
+        if r.status_code == 200 and r.json()["workers"] >= 1:  # the api is ready without one
             return
         time.sleep(0.2)
     raise RuntimeError("no worker became ready:\n" + service.logs())

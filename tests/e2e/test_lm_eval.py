@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -51,10 +52,19 @@ def serve(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path):  #
     base = f"http://127.0.0.1:{port}"
     try:
         wait_serving(proc, base + "/ready", log_path)
+        until_worker(base)
         yield base, httpx.get(base + "/v1/models", timeout=10).json()["data"][0]["id"]
     finally:
         proc.terminate()
         proc.wait(60)
+
+
+def until_worker(base: str, timeout: float = 300) -> None:
+    """/ready answers before a worker is up (jobs would wait for it): wait for its heartbeat."""
+    deadline = time.monotonic() + timeout
+    while httpx.get(base + "/ready", timeout=10).json()["workers"] < 1:
+        assert time.monotonic() < deadline, "no worker heartbeat"
+        time.sleep(0.3)
 
 
 def run(lm_eval: Path, out: Path, task: str, model: str, model_args: str, *extra: str) -> list[dict]:
