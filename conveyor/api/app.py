@@ -148,9 +148,10 @@ def create_app(settings: Settings, model_dir: Path, model_id: str) -> FastAPI:
         return Response(status_code=200)
 
     @app.get("/ready", tags=["Service"], response_model=Ready,
-             responses={503: {"model": Ready, "description": "Redis or every worker is unavailable"}})
+             responses={503: {"model": Ready, "description": "Redis refuses writes, relay down"}})
     async def ready(request: Request) -> JSONResponse:
-        """Readiness: Redis answers and at least one worker's heartbeat is live."""
+        """Readiness: Redis accepts writes and the relay is subscribed (no SCAN: O(1) per probe). The
+        live workers are counted in the body; with none the api stays ready (jobs wait for one)."""
         state = await ready_state(ApiContext.of(request))
         return JSONResponse(state.model_dump(), status_code=200 if state.status == "ready" else 503)
 

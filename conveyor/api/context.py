@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -49,6 +50,7 @@ class ApiContext:
     chat_template: ChatTemplate | None = None
     webhook_secrets: Secrets = field(default_factory=Secrets)
     webhook_allow: Allow = field(default_factory=Allow)
+    api_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])  # this process, in its probe key
     _background: set[asyncio.Task[None]] = field(default_factory=set)
 
     @staticmethod

@@ -3,10 +3,14 @@ after the worker's last beat), read for readiness, `/info` and the console's ove
 
 from __future__ import annotations
 
+import time
+
 from conveyor.api.context import ApiContext
 from conveyor.api.errors import REDIS_FAULTS
 from conveyor.wire.health import Ready
 from conveyor.wire.heartbeat import WorkerInfo
+
+PROBE_TTL_S = 60  # the readiness probe's key outlives a few probes, then goes with its api
 
 
 async def heartbeat_keys(ctx: ApiContext) -> list[str]:
@@ -15,15 +19,29 @@ async def heartbeat_keys(ctx: ApiContext) -> list[str]:
 
 
 async def ready_state(ctx: ApiContext) -> Ready:
-    """Redis answers and at least one worker heartbeat is live."""
+    """What a request needs, in O(1): Redis accepts a write (a probe key of this process, refused at
+    maxmemory, on a demoted primary, by a cluster that is down) and the relay is subscribed (not
+    reconnecting after a restart or failover). The live workers are counted from the heartbeat
+    index (ZCOUNT over the last lease, by the workers' clocks) and reported; none does not make the
+    api unready."""
+    relay = ctx.relay.subscriptions.down_since is None
+    redis = ctx.jobs.redis
+    keys = ctx.jobs.keys
+    now = time.time()
     try:
-        await ctx.jobs.redis.ping()
-        workers = len(await heartbeat_keys(ctx))
+        await redis.set(keys.api_probe(ctx.api_id), int(now), ex=PROBE_TTL_S)
     except REDIS_FAULTS as exc:
-        return Ready(status="not_ready", redis=False, workers=0, reason=f"Redis does not answer: {exc}")
-    if workers == 0:
-        return Ready(status="not_ready", redis=True, workers=0, reason="no worker heartbeat")
-    return Ready(status="ready", redis=True, workers=workers)
+        return Ready(status="not_ready", redis=False, relay=relay, workers=-1,
+                     reason=f"Redis does not accept writes: {type(exc).__name__}: {exc}")
+    try:
+        workers = await redis.zcount(keys.worker_beats, now - ctx.settings.job_lease_ms / 1000, "+inf")
+    except REDIS_FAULTS:
+        workers = -1
+    if not relay:
+        return Ready(status="not_ready", redis=True, relay=False, workers=workers,
+                     reason="the relay is reconnecting to Redis: live events would be missed")
+    reason = "no worker heartbeat: jobs wait in the queue until a worker starts" if workers == 0 else None
+    return Ready(status="ready", redis=True, relay=True, workers=workers, reason=reason)
 
 
 async def live_workers(ctx: ApiContext) -> list[WorkerInfo]:

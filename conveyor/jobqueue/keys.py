@@ -126,6 +126,16 @@ class Keys:
     def workers_pattern(self) -> str:
         return f"{self.prefix}:worker:*"
 
+    @property
+    def worker_beats(self) -> str:
+        """Sorted set: worker id → the time of its last heartbeat, so that readiness counts the live
+        workers in O(1) (ZCOUNT over the last lease) instead of a SCAN of the keyspace."""
+        return f"{self.prefix}:worker-beats"
+
+    def api_probe(self, api_id: str) -> str:
+        """String with a short TTL: an api process's readiness write (Redis accepts writes)."""
+        return f"{self.prefix}:api:{api_id}:probe"
+
     def idempotency(self, tenant: str, key: str) -> str:
         """String: `job_id fingerprint` for a tenant's Idempotency-Key (SET NX EX idempotency_ttl)."""
         return f"{self.prefix}:idem:{tenant}:{key}"

@@ -2,9 +2,10 @@
 
 Order: model (converted once, with progress) → Redis (embedded unless REDIS_URL) → workers,
 webhook processes (`conveyor webhooks`: RQ workers with the scheduler), api. Worker i serves its
-metrics on worker_metrics_port + i, webhook process i on webhook_metrics_port + i. Any child
-dying, Ctrl-C or SIGTERM stops them all (SIGTERM, then SIGKILL once the workers' drain timeout and
-a grace period have passed); the embedded Redis stops last, so nothing is orphaned.
+metrics on worker_metrics_port + i, webhook process i on webhook_metrics_port + i. A child that
+dies is restarted with backoff while the others keep serving (supervisor.py); Ctrl-C, SIGTERM or a
+child in a crash loop stops them all (SIGTERM, then SIGKILL once the workers' drain timeout and a
+grace period have passed); the embedded Redis stops last, so nothing is orphaned.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 import httpx
 
 from conveyor.launcher.redis_server import EmbeddedRedis, _die_with_parent
+from conveyor.launcher.supervisor import Supervisor
 from conveyor.settings import Settings
 
 log = logging.getLogger("conveyor")
@@ -27,43 +29,17 @@ log = logging.getLogger("conveyor")
 STOP_GRACE_S = 15.0  # beyond the workers' drain timeout: stopping the engine, handing jobs back
 
 
-class Supervisor:
-    def __init__(self, env: dict[str, str]) -> None:
-        self.env = env
-        self.children: dict[str, subprocess.Popen[bytes]] = {}
-        self.stopping = False
-
-    def spawn(self, name: str, argv: list[str], **env: str) -> None:
-        log.info("starting %s", name)
-        self.children[name] = subprocess.Popen(argv, env={**self.env, **env}, preexec_fn=_die_with_parent)
-
-    def exited(self) -> str | None:
-        for name, child in self.children.items():
-            if child.poll() is not None:
-                return f"{name} exited with {child.returncode}"
-        return None
-
-    def stop(self, timeout: float) -> None:
-        for child in self.children.values():
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for name, child in self.children.items():
-            try:
-                child.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                log.warning("%s did not stop in time: killing it", name)
-                child.kill()
-                child.wait()
-
-
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per readiness poll is noise
+
+
+def _spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent)
 
 
 def _wait_ready(url: str, supervisor: Supervisor, timeout: float = 600.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not supervisor.stopping:
-        if supervisor.exited():
+        if supervisor.poll():  # a crash loop during start-up: the serve loop reports it
             return False
         try:
             if httpx.get(url, timeout=1.0).status_code == 200:
@@ -94,12 +70,11 @@ def serve(settings: Settings) -> int:
         settings = settings.model_copy(update={"redis_url": redis.url})
         log.info("embedded Redis on %s (AOF, appendfsync everysec) in %s", redis.url, redis.data_dir)
     env = {**os.environ, **settings.to_env(), "REDIS_URL": settings.redis_url or ""}
-    supervisor = Supervisor(env)
+    supervisor = Supervisor(env, _spawn)
 
     def on_signal(signum: int, _frame: object) -> None:
         if supervisor.stopping:  # second signal: stop now
-            for child in supervisor.children.values():
-                child.kill()
+            supervisor.kill_all()
         supervisor.stopping = True
 
     signal.signal(signal.SIGINT, on_signal)
@@ -108,12 +83,12 @@ def serve(settings: Settings) -> int:
     code = 0
     try:
         for i in range(settings.workers):
-            supervisor.spawn(f"worker-{i}", [*exe, "worker"],
+            supervisor.start(f"worker-{i}", [*exe, "worker"],
                              CONVEYOR_WORKER_METRICS_PORT=_port(settings.worker_metrics_port, i))
         for i in range(settings.webhook_workers):
-            supervisor.spawn(f"webhooks-{i}", [*exe, "webhooks"],
+            supervisor.start(f"webhooks-{i}", [*exe, "webhooks"],
                              CONVEYOR_WEBHOOK_METRICS_PORT=_port(settings.webhook_metrics_port, i))
-        supervisor.spawn("api", [*exe, "api"])
+        supervisor.start("api", [*exe, "api"])
         base = f"http://{settings.host}:{settings.port}"
         if _wait_ready(base + "/health", supervisor):
             print(f"\nConveyor is serving {settings.served_model_name} on {base}\n"
@@ -122,14 +97,13 @@ def serve(settings: Settings) -> int:
                   "\"parameters\":{\"max_new_tokens\":20}}'\n"
                   "  Ctrl-C stops everything.\n", file=sys.stderr, flush=True)
         while not supervisor.stopping:
-            problem = supervisor.exited()
+            problem = supervisor.poll()
             if problem:
                 log.error("%s: stopping the service", problem)
                 code = 1
                 break
             time.sleep(0.2)
     finally:
-        supervisor.stopping = True
         supervisor.stop(settings.drain_timeout + STOP_GRACE_S)
         if redis is not None:
             redis.stop()

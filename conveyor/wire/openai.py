@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 LOGIT_BIAS_MAX_ENTRIES = 300  # OpenAI's limit
 LOGIT_BIAS_RANGE = 100.0  # a bias is in [-100, 100]
@@ -94,8 +94,21 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[ContentPart] | None = None
+    # validate_default: a message that leaves it out is checked as one that sends null.
+    content: str | list[ContentPart] | None = Field(default=None, validate_default=True)
     name: str | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _content_needed(cls, content: str | list[ContentPart] | None, info: ValidationInfo) -> object:
+        """As OpenAI: only an assistant message may go without content (its tool calls say it all),
+        and a user's message must say something."""
+        role = info.data.get("role")
+        if content is None and role not in (None, "assistant"):
+            raise ValueError(f"a {role} message needs content (a string or a list of parts)")
+        if role == "user" and (content == "" or content == []):
+            raise ValueError("a user message's content must not be empty")
+        return content
 
 
 class ResponseFormat(BaseModel):

@@ -22,6 +22,8 @@ from conveyor.wire.heartbeat import WorkerInfo
 
 log = logging.getLogger(__name__)
 
+BEATS_KEPT_S = 3600  # a worker gone this long leaves the heartbeat index (it counts as dead long before)
+
 
 class Lease:
     def __init__(self, redis: Redis, keys: Keys, scripts: Scripts, worker_id: str, lease_ms: int,
@@ -36,9 +38,15 @@ class Lease:
 
     async def beat(self, info: WorkerInfo) -> None:
         await self.redis.set(self.keys.worker(self.worker_id), info.model_dump_json(), px=self.lease_ms)
+        # (its own command: on a cluster the index lives in another slot than the heartbeat key)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zadd(self.keys.worker_beats, {self.worker_id: info.heartbeat_at})
+        pipe.zremrangebyscore(self.keys.worker_beats, "-inf", info.heartbeat_at - BEATS_KEPT_S)
+        await pipe.execute()
 
     async def leave(self) -> None:
         await self.redis.delete(self.keys.worker(self.worker_id))
+        await self.redis.zrem(self.keys.worker_beats, self.worker_id)
 
     async def renew(self, refs: list[EntryRef]) -> set[EntryRef]:
         """Reset the idle time of entries still pending for this worker; returns those it lost."""

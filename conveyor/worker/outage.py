@@ -1,13 +1,15 @@
-"""How a worker rides out Redis going away, in two layers, each chosen on purpose.
+"""How a worker rides out Redis going away or refusing, in two layers, each chosen on purpose.
 
 1. The client's own `Retry` (redis-py), for a dropped connection: reconnect and resend at once,
    at most twice, within ~0.1 s. redis-py 8's `Redis.from_url` retries nothing unless told (only
    `Redis(host=…)` defaults to 10 retries with up to 1 s between them), so `connect` says it here.
-2. One loop for outages, `until_up`: anything the client gives up on is retried by the worker at
-   its own pace, with a backoff capped by `outage_cap` — well inside the lease, so when Redis is back
-   a worker renews its leases long before another worker could take its jobs (docs/design.md §1,
-   step 8). Every write the worker retries is idempotent (event IDs follow token indices, the Lua
-   scripts check ownership), so repeating a step is safe.
+2. One loop for outages, `until_up`: every transient error (conveyor/jobqueue/redis_errors.py: a
+   lost connection, but also a full Redis, a cluster node down or failing over, a server loading)
+   is retried by the worker at its own pace, with a backoff capped by `outage_cap` — well inside
+   the lease, so when Redis is back a worker renews its leases long before another worker could
+   take its jobs (docs/design.md §1, step 8). Every write the worker retries is idempotent (event
+   IDs follow token indices, the Lua scripts check ownership), so repeating a step is safe. A
+   permanent error (a wrong password, a key of the wrong type) is raised with the fix it needs.
 """
 
 from __future__ import annotations
@@ -22,15 +24,13 @@ from typing import TypeVar
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from conveyor.jobqueue.client import make_client
+from conveyor.jobqueue.redis_errors import fix_for, is_redis_error, is_transient
 from conveyor.settings import Settings
 
 log = logging.getLogger(__name__)
 
-REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
 FIRST_DELAY_S = 0.05
 
 T = TypeVar("T")
@@ -65,21 +65,30 @@ class Backoff:
         return base * random.uniform(0.5, 1.0)
 
 
+class RedisMisconfigured(RuntimeError):
+    """A permanent Redis error: retrying cannot help, the message names the fix."""
+
+
 async def until_up(name: str, attempt: Callable[[], Awaitable[T]], cap: float) -> T:
-    """Run `attempt` until it returns, waiting between tries while Redis is unreachable. A try that
-    ran for longer than `cap` before it failed begins a new outage (logged anew, backoff reset)."""
+    """Run `attempt` until it returns, waiting between tries while Redis cannot serve (a transient
+    error). A try that ran for longer than `cap` before it failed begins a new outage (logged anew,
+    backoff reset). A permanent Redis error raises RedisMisconfigured."""
     backoff = Backoff(cap)
     down_since: float | None = None
     while True:
         began = time.monotonic()
         try:
             result = await attempt()
-        except REDIS_DOWN as exc:
+        except Exception as exc:
+            if not is_transient(exc):
+                if is_redis_error(exc):
+                    raise RedisMisconfigured(f"{name}: Redis answered {exc!r}: {fix_for(exc)}") from exc
+                raise
             now = time.monotonic()
             if down_since is None or now - began > cap:
                 down_since, backoff = now, Backoff(cap)
-                log.warning("%s: Redis unavailable (%s); retrying every %.2fs at most until it is back",
-                            name, exc, cap)
+                log.warning("%s: Redis cannot serve (%s: %s); retrying every %.2fs at most until it can",
+                            name, type(exc).__name__, exc, cap)
             await asyncio.sleep(backoff.delay())
             continue
         # A loop's try returns only when the loop ends (at the drain): then the line would be stale.

@@ -6,7 +6,8 @@ import time
 
 import httpx
 
-from tests.api.conftest import TERMINAL, auth, blocks_used, until
+from conveyor.api.jobpath.store import PROVISIONAL_TTL_S
+from tests.api.conftest import TERMINAL, auth, blocks_used, keys_of, redis_of, until
 from tests.api.sse import events
 
 LONG = {"inputs": "Count forever", "parameters": {"max_new_tokens": 1500}}
@@ -56,6 +57,8 @@ def test_submit_poll_and_events_agree(tiny_service) -> None:  # type: ignore[no-
     assert accepted["urls"] == {"self": f"/v1/jobs/{job_id}", "events": f"/v1/jobs/{job_id}/events",
                                 "cancel": f"/v1/jobs/{job_id}"}
     assert r.headers["location"] == accepted["urls"]["self"]
+    ttl = redis_of(tiny_service).ttl(keys_of(tiny_service).job(job_id))
+    assert ttl == -1 or ttl > PROVISIONAL_TTL_S  # queued or running: kept; ended: the result's TTL
     job = wait_status(tiny_service, job_id, {"succeeded"})
     assert job["kind"] == "generate" and job["finished_at"] >= job["started_at"] >= job["created_at"]
     streamed = read_events(tiny_service, job_id)

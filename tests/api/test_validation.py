@@ -47,6 +47,11 @@ TGI = [
 CHAT = [
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "robot", "content": "hi"}]}, "messages.0.role"),
+    ({"messages": [{"role": "user", "content": None}]}, "messages.0.content"),
+    ({"messages": [{"role": "user"}]}, "messages.0.content"),
+    ({"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": ""}]},
+     "messages.1.content"),
+    ({"messages": [{"role": "user", "content": []}]}, "messages.0.content"),
     ({"messages": MSG, "temperature": 2.5}, "temperature"),
     ({"messages": MSG, "top_p": 0}, "top_p"),
     ({"messages": MSG, "n": 9}, "n"),

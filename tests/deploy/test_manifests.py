@@ -105,10 +105,10 @@ def test_the_overlays_differ_where_they_should() -> None:
     assert (api["livenessProbe"]["httpGet"]["path"], api["readinessProbe"]["httpGet"]["path"]) == \
         ("/health", "/ready")
     assert find(gpu, "ScaledObject", "conveyor-worker")["spec"]["minReplicaCount"] >= 1
-    # Scale to zero: no worker, so the api must be ready without one (/ready needs a heartbeat).
+    # Scale to zero: no worker, and the api keeps its /ready probe (ready without a worker).
     assert find(zero, "ScaledObject", "conveyor-worker")["spec"]["minReplicaCount"] == 0
     zero_api = find(zero, "Deployment", "conveyor-api")["spec"]["template"]["spec"]["containers"][0]
-    assert zero_api["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert zero_api["readinessProbe"]["httpGet"]["path"] == "/ready"
 
 
 def test_the_scaler_watches_the_jobs_stream_and_group() -> None:

@@ -11,6 +11,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
+
 from conveyor.launcher.redis_server import free_port
 from tests.readiness import BIND_CONFLICT, answers, wait_until, without_polls
 
@@ -53,9 +55,13 @@ class Served:
         return True
 
     def wait_ready(self) -> None:
-        """Until /ready answers: the api is up and a worker's heartbeat is live."""
-        wait_until(lambda: answers(self.base_url + "/ready"), "`conveyor serve` answers /ready",
-                   self.processes, self.logs, respawn=self.restart_on_conflict)
+        """Until /ready answers and counts a live worker (the api is ready before any worker is)."""
+        wait_until(lambda: answers(self.base_url + "/ready") and self.workers() >= 1,
+                   "`conveyor serve` ready with a worker", self.processes, self.logs,
+                   respawn=self.restart_on_conflict)
+
+    def workers(self) -> int:
+        return int(httpx.get(self.base_url + "/ready", timeout=5).json().get("workers") or 0)
 
     @property
     def process(self) -> subprocess.Popen[bytes]:

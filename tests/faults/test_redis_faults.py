@@ -29,6 +29,7 @@ CHAT = {"messages": [{"role": "user", "content": "Tell me a story"}], "max_token
         "temperature": 0, "stream": True}
 SMALL_TGI = {"inputs": "hi", "parameters": {"max_new_tokens": 8}}
 PAUSE_S = 12  # longer than the api's 10 s wait for a subscription and any socket timeout of a request
+FULL_S = 6  # Redis at maxmemory: several heartbeats and many engine steps, well inside the lease
 
 
 @pytest.fixture(scope="module")
@@ -243,3 +244,28 @@ def test_redis_paused_longer_than_a_request_timeout(cluster: Cluster) -> None:
     assert not problems, report("Redis SIGSTOP + SIGCONT", probes, problems, c)
     report("Redis SIGSTOP + SIGCONT", probes, problems, c)
 
+
+
+def test_redis_full_under_load(cluster: Cluster) -> None:
+    """Valkey at `maxmemory` (noeviction): every write refused with OOM for FULL_S. Workers wait it
+    out (it is a transient error: conveyor/jobqueue/redis_errors.py) and keep their jobs; no event is
+    counted unwritten; submits answer 503; /ready says the api cannot take requests meanwhile."""
+    c = cluster
+    pids = {name: proc.pid for name, proc in _processes(c).items() if proc.poll() is None}
+    load = start_load(c)
+    with c.redis() as r:
+        r.config_set("maxmemory-policy", "noeviction")
+        r.config_set("maxmemory", max(1, int(r.info("memory")["used_memory"]) // 2))
+
+    def outage() -> None:
+        time.sleep(FULL_S)  # the fault: Redis full, refusing every write
+        with c.redis() as r:
+            r.config_set("maxmemory", 0)
+
+    probes = probe_during(c, load.polled[0], outage)
+    problems = probe_problems(probes) + recovered(c, pids, load) + serves_again(c)
+    ready = next(p for p in probes if p.what == "GET /ready")
+    if ready.status != 503 and ready.seconds < FULL_S:
+        problems.append(f"/ready answered {ready.status} while Redis refused every write")
+    assert not problems, report("Redis at maxmemory", probes, problems, c)
+    report("Redis at maxmemory", probes, problems, c)

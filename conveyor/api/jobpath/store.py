@@ -30,6 +30,9 @@ from conveyor.wire.job import JobEvent, JobResult, JobSpec, JobStatus, RecordFie
 log = logging.getLogger("conveyor.api.jobpath.store")
 
 CLAIM_TRIES = 3
+# On a cluster a job's record is written before its queue entry (another slot), with this TTL until
+# the entry is written too: a submit that fails in between leaves nothing that outlives it.
+PROVISIONAL_TTL_S = 600
 
 
 def new_job_id() -> str:
@@ -126,13 +129,7 @@ class JobStore:
         return Submitted(spec.id)
 
     async def _write(self, spec: JobSpec) -> None:
-        # Record first, then the stream entry: a worker never reads a job without its record. Not a
-        # MULTI: the keys live in different slots on Redis Cluster. There a pipeline is split by node
-        # and sent to the nodes at once, so the order holds only within a node: the record (and the
-        # tenant index) is written first, the entry after it (one more round trip), else a worker can
-        # read the entry before the record exists and drop the job as gone (benchmarks/redis_cost.py
-        # --cluster lost such jobs).
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = self.job_pipeline()
         payload = spec.model_dump_json(exclude_none=True)
         pipe.hset(
             self.keys.job(spec.id),
@@ -146,14 +143,38 @@ class JobStore:
         self.tenants.add(pipe, spec)
         await self.enqueue_after(pipe, spec, payload)
 
+    def job_pipeline(self) -> Pipeline:
+        """The pipeline for a job's record writes, which `enqueue_after` completes: a transaction on
+        one node (all or nothing), a plain pipeline on a cluster (its keys span slots)."""
+        return self.redis.pipeline(transaction=not cluster_of(self.redis))
+
     async def enqueue_after(self, pipe: Pipeline, spec: JobSpec, payload: str) -> None:
-        """Runs `pipe` (the job's record writes), then the job's stream entry after it: in the same
-        pipeline on one node (it keeps the order), in a pipeline of its own on a cluster (not)."""
-        if cluster_of(self.redis):
+        """Runs `pipe` (the job's record writes, from `job_pipeline`) and then the job's stream entry,
+        so that a submit either creates a job that will run or leaves nothing behind, and a worker
+        never reads an entry without its record.
+
+        One node: the entry joins the same MULTI, and Redis applies all of it or, refused at queue
+        time (OOM at maxmemory) or cut off, none. A cluster: the record lives in another slot than
+        the entry, and a pipeline split by node keeps no order across nodes. So the record is written
+        first with a provisional TTL, then the entry, then the TTL lifted (a worker's TAKE lifts it
+        too). A failure before the entry deletes the record, or, if Redis cannot even do that, leaves
+        it to expire; the tenant index skips ids without a record, admission frees their places."""
+        if not cluster_of(self.redis):
+            self.enqueue(pipe, spec, payload)
             await pipe.execute()
-            pipe = self.redis.pipeline(transaction=False)
-        self.enqueue(pipe, spec, payload)
+            return
+        record = self.keys.job(spec.id)
+        pipe.expire(record, PROVISIONAL_TTL_S)
         await pipe.execute()
+        try:
+            entry = self.redis.pipeline(transaction=False)
+            self.enqueue(entry, spec, payload)
+            await entry.execute()
+        except (RedisError, OSError):
+            with suppress(RedisError, OSError):
+                await self.redis.delete(record)
+            raise
+        await self.redis.persist(record)
 
     async def _claim(self, idem: str, claim: str, fingerprint: str) -> str | None:
         """Claims the Idempotency-Key for this job (None), or answers the earlier job that holds it.

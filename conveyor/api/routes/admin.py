@@ -166,7 +166,7 @@ async def requeue_dead_letter(
     spec = spec.model_copy(update={"created_at": now, "deadline": now + ttl if ttl is not None else None})
     await ctx.jobs.admission.admit(spec)  # the caps hold for requeued jobs too (429 when full)
     payload = spec.model_dump_json(exclude_none=True)
-    pipe = redis.pipeline(transaction=False)
+    pipe = ctx.jobs.job_pipeline()
     pipe.delete(keys.job(spec.id), keys.events(spec.id))
     pipe.hset(keys.job(spec.id), mapping={
         RecordField.STATUS: JobStatus.QUEUED.value, RecordField.SPEC: payload,
@@ -174,7 +174,7 @@ async def requeue_dead_letter(
     })
     ctx.jobs.tenants.add(pipe, spec)
     pipe.xdel(keys.dead_letter_stream, entry_id)
-    await ctx.jobs.enqueue_after(pipe, spec, payload)  # the record before the entry, also on a cluster
+    await ctx.jobs.enqueue_after(pipe, spec, payload)  # all or nothing, the record before the entry
     return JobAccepted(id=spec.id, status=JobStatus.QUEUED, urls=JobUrls.of(spec.id))
 
 

@@ -35,6 +35,8 @@ TAKE = Script(
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
 redis.call('HSET', KEYS[1], '{F.WORKER}', ARGV[1], '{F.ATTEMPTS}', ARGV[2])
 local status = redis.call('HGET', KEYS[1], '{F.STATUS}')
+-- a queued record written on a cluster may keep its provisional TTL (JobStore.enqueue_after)
+if status == '{S.QUEUED}' then redis.call('PERSIST', KEYS[1]) end
 local cancel = redis.call('HGET', KEYS[1], '{F.CANCEL}')
 local waiting = status == '{S.QUEUED}' and ARGV[4] == '0'
 if ARGV[3] == '1' and not cancel and (status == '{S.RUNNING}' or waiting) then
@@ -48,7 +50,9 @@ return {{status, cancel, redis.call('HMGET', KEYS[1], '{F.STARTED_AT}', '{F.FIRS
 
 def append(publish: PublishCommand) -> Script:
     """Appends one event if this worker still owns the job: XADD (the ID follows the index, so a
-    duplicate is refused) + the live publish; milestones; on the final event the record and the TTLs."""
+    duplicate is refused) + the live publish; milestones; on the final event the record and the TTLs.
+    Only a refused duplicate counts as "already there": any other XADD error (OOM under maxmemory)
+    is the script's error, so the publisher retries the step instead of counting an event unwritten."""
     return Script(
         keys=("job record", "job event stream"),
         argv=("worker id", "entry id", "event JSON", "maxlen", "job channel", "now", "first token (0/1)",
@@ -58,6 +62,7 @@ def append(publish: PublishCommand) -> Script:
 if redis.call('HGET', KEYS[1], '{F.WORKER}') ~= ARGV[1] then return 0 end
 local added = redis.pcall('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], ARGV[2], 'e', ARGV[3])
 if type(added) == 'table' and added.err then
+  if not string.find(added.err, 'equal or smaller', 1, true) then return redis.error_reply(added.err) end
   if ARGV[8] ~= '1' then return 2 end
 else
   redis.call('{publish}', ARGV[5], ARGV[3])
