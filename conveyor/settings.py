@@ -131,7 +131,15 @@ class Settings(BaseSettings):
         description="Size of a request's grammar (JSON schema, regex, tools' schemas) in bytes; 0: none."
     )
     default_max_new_tokens: int = Field(
-        default=100, ge=1, description="max_new_tokens when a request does not give one."
+        default=100, ge=1,
+        description="max_new_tokens when a TGI request does not give one (an OpenAI chat without "
+        "max_tokens may use the rest of max_total_tokens, as OpenAI and vLLM).",
+    )
+    json_undeclared_keys: Literal["forbid", "allow"] = Field(
+        default="forbid",
+        description="An object schema (response_format, tools, TGI grammar) that declares properties and "
+        "says nothing of additionalProperties: forbid: only its declared keys (OpenAI strict, vLLM); "
+        "allow: any extra key too (JSON Schema's reading).",
     )
 
     # --- batching (TGI names) ---------------------------------------------------------------

@@ -26,8 +26,8 @@ class GrammarSpec(BaseModel, frozen=True):
 
 # Separators as json.dumps writes them and no other whitespace: a JSON document then ends within a
 # bound wherever the schema bounds its strings, numbers and arrays (flexible whitespace would let a
-# model emit newlines forever).
-_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# model emit newlines forever). A Lark grammar's `%json` carries them as its schema's "x-guidance".
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 def llguidance_grammar(kind: str, value: str) -> str:
@@ -36,9 +36,9 @@ def llguidance_grammar(kind: str, value: str) -> str:
 
     m = llguidance.LLMatcher
     if kind == "json_schema":
-        return m.grammar_from_json_schema(value, defaults=_JSON_OPTIONS)  # type: ignore[arg-type]
+        return m.grammar_from_json_schema(value, defaults=JSON_OPTIONS)  # type: ignore[arg-type]
     if kind == "json_object":
-        return m.grammar_from_json_schema('{"type": "object"}', defaults=_JSON_OPTIONS)  # type: ignore[arg-type]
+        return m.grammar_from_json_schema('{"type": "object"}', defaults=JSON_OPTIONS)  # type: ignore[arg-type]
     if kind == "regex":
         return m.grammar_from_regex(value)
     if kind == "lark":

@@ -28,6 +28,8 @@ class _NullIsAbsent(BaseModel):
 
 class StreamOptions(_NullIsAbsent):
     include_usage: bool = False
+    continuous_usage_stats: bool = Field(default=False, description="Extension (vLLM's): with "
+                                         "include_usage, every chunk carries the usage so far.")
 
 
 class _Sampling(_NullIsAbsent):
@@ -81,6 +83,10 @@ class _Sampling(_NullIsAbsent):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.include_usage and bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
 
 class ContentPart(BaseModel):
@@ -197,7 +203,8 @@ class ChatCompletion(BaseModel):
 
 
 class ChunkDelta(BaseModel):
-    role: Literal["assistant"] | None = None  # in the first chunk only, as OpenAI
+    # In every chunk, as TGI: OpenAI's clients accept it, TGI's (text-generation) require it.
+    role: Literal["assistant"] = "assistant"
     content: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
 

@@ -123,11 +123,41 @@ def test_official_client_with_several_prompts(tiny_service) -> None:  # type: ig
     assert [ch.index for ch in whole.choices] == [0, 1]
 
 
-def test_chat_stream_names_the_role_in_the_first_delta_only(tiny_service) -> None:  # type: ignore[no-untyped-def]
+def test_chat_stream_names_the_role_in_every_delta(tiny_service) -> None:  # type: ignore[no-untyped-def]
+    """As TGI: OpenAI's client accepts it, TGI's own (text-generation) requires it."""
     chunks = chunks_of(tiny_service, "/v1/chat/completions", {"messages": MSG, **GREEDY})
     deltas = [c["choices"][0]["delta"] for c in chunks]
-    assert deltas[0]["role"] == "assistant"
-    assert all(d.get("role") is None for d in deltas[1:]) and len(deltas) == 6
+    assert all(d["role"] == "assistant" for d in deltas) and len(deltas) == 6
+
+
+def test_tgi_client_streams_a_chat(tiny_service) -> None:  # type: ignore[no-untyped-def]
+    from text_generation import Client
+
+    client = Client(tiny_service.base_url, headers=auth("alice"), timeout=60)
+    chunks = []
+    # Read up to the finish: the client cannot parse the `data: [DONE]` that ends the stream.
+    for chunk in client.chat(messages=MSG, max_tokens=6, temperature=0, stream=True):
+        chunks.append(chunk)
+        if chunk.choices[0].finish_reason:
+            break
+    assert all(c.choices[0].delta.role == "assistant" for c in chunks)
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    whole = client.chat(messages=MSG, max_tokens=6, temperature=0)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
+
+
+def test_continuous_usage_stats_count_the_tokens_so_far(tiny_service) -> None:  # type: ignore[no-untyped-def]
+    """vLLM's extension (guidellm sends it): with include_usage, every chunk carries the usage so far."""
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    for route, body in (("/v1/chat/completions", {"messages": MSG}), ("/v1/completions", {"prompt": "hi"})):
+        *deltas, last = chunks_of(tiny_service, route, {**body, **GREEDY, "stream_options": options})
+        assert [c["usage"]["completion_tokens"] for c in deltas] == list(range(1, 7))
+        prompt = last["usage"]["prompt_tokens"]
+        assert all(c["usage"]["prompt_tokens"] == prompt and c["usage"]["total_tokens"] == prompt + i + 1
+                   for i, c in enumerate(deltas))
+        assert last["choices"] == [] and last["usage"]["completion_tokens"] == 6
+        plain = chunks_of(tiny_service, route, {**body, **GREEDY, "stream_options": {"include_usage": True}})
+        assert all(c["usage"] is None for c in plain[:-1])
 
 
 def test_stream_options_without_stream_is_refused(tiny_service) -> None:  # type: ignore[no-untyped-def]
@@ -179,3 +209,13 @@ def test_each_prompt_is_admitted_and_a_refused_one_leaves_no_job(queue_service) 
         until(lambda job_id=job_id: httpx.get(f"{queue_service.base_url}/v1/jobs/{job_id}", headers=headers,
                                               timeout=30).json()["status"] == "cancelled",
               "a closed stream's jobs are cancelled", timeout=120)
+
+
+def test_a_chat_without_max_tokens_may_use_the_rest_of_the_context(tiny_service) -> None:  # type: ignore[no-untyped-def]
+    """As OpenAI and vLLM (agent frameworks rarely send max_tokens): not the 100 of TGI's default."""
+    long = [{"role": "user", "content": "word " * 3800}]
+    body = ok(tiny_service, "/v1/chat/completions", {"messages": long, "temperature": 0, "ignore_eos": True})
+    usage = body["usage"]
+    assert body["choices"][0]["finish_reason"] == "length" and usage["completion_tokens"] > 100
+    info = httpx.get(tiny_service.base_url + "/v1/models", headers=auth("alice"), timeout=60).json()
+    assert usage["total_tokens"] == info["data"][0]["max_model_len"]

@@ -21,7 +21,7 @@ GENERATION = {("post", "/generate"), ("post", "/generate_stream"), ("post", "/")
 ROUTES = GENERATION | {("get", "/v1/models"), ("get", "/v1/models/{model_id}"), ("get", "/v1/jobs"),
                        ("get", "/v1/jobs/{job_id}"), ("get", "/v1/jobs/{job_id}/events"),
                        ("delete", "/v1/jobs/{job_id}"), ("get", "/health"), ("get", "/ready"),
-                       ("get", "/info"), ("get", "/metrics"), ("post", "/tokenize"),
+                       ("get", "/info"), ("get", "/metrics"), ("post", "/tokenize"), ("post", "/detokenize"),
                        # OpenAI's Batch API
                        ("post", "/v1/files"), ("get", "/v1/files"), ("get", "/v1/files/{file_id}"),
                        ("get", "/v1/files/{file_id}/content"), ("delete", "/v1/files/{file_id}"),

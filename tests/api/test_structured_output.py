@@ -88,3 +88,45 @@ def test_tgi_grammar_json_and_regex_generate_and_stream(tiny_service) -> None:  
         streamed = [data for _, data in events(s)]
     text = "".join(d["token"]["text"] for d in streamed if not d["token"]["special"])
     assert re.fullmatch(regex, text) and streamed[-1]["generated_text"] == text, streamed[-1]
+
+
+def test_a_schema_without_additional_properties_gets_only_its_declared_keys(tiny_service) -> None:  # type: ignore[no-untyped-def]
+    """OpenAI strict and vLLM never write an undeclared key; JSON Schema alone would allow any, and a
+    model then invents keys until max_tokens."""
+    schema = {"type": "object", "properties": {"pet": {"enum": ["cat", "dog"]},
+                                               "owner": {"type": "object", "properties": {"age": {
+                                                   "type": "integer", "minimum": 0, "maximum": 99}}}}}
+    for seed in range(6):
+        r = httpx.post(tiny_service.base_url + "/v1/chat/completions", headers=auth("alice"), timeout=120,
+                       json={"messages": MSG, "max_tokens": 80, "temperature": 1.0, "seed": seed,
+                             "response_format": {"type": "json_schema",
+                                                 "json_schema": {"name": "p", "schema": schema}}})
+        choice = r.json()["choices"][0]
+        assert choice["finish_reason"] == "stop", choice
+        value = json.loads(choice["message"]["content"])
+        assert set(value) <= {"pet", "owner"} and set(value.get("owner", {})) <= {"age"}, value
+
+
+def test_closing_walks_schema_positions_only() -> None:
+    from conveyor.api.requests.grammar import closed, parsed_schema
+    from conveyor.settings import Settings
+
+    item = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    schema = {"type": "object", "properties": {
+        "list": {"type": "array", "items": item},
+        "any": {"type": "object"},  # declares nothing: stays any object
+        "open": {**item, "additionalProperties": True},
+        "either": {"anyOf": [item, {"type": "null"}]},
+        "both": {"allOf": [item, {"properties": {"b": {}}}]},
+        "fixed": {"const": {"properties": {"x": 1}}}},
+        "$defs": {"Item": item}}
+    out = closed(schema)
+    props = out["properties"]
+    assert out["additionalProperties"] is False and out["$defs"]["Item"]["additionalProperties"] is False
+    assert props["list"]["items"]["additionalProperties"] is False
+    assert "additionalProperties" not in props["any"] and props["open"]["additionalProperties"] is True
+    assert props["either"]["anyOf"][0]["additionalProperties"] is False
+    assert all("additionalProperties" not in s for s in props["both"]["allOf"])  # parts of one object
+    assert props["fixed"] == {"const": {"properties": {"x": 1}}}  # a value, not a schema
+    assert "additionalProperties" not in item  # the caller's schema is left as it was
+    assert parsed_schema(Settings(json_undeclared_keys="allow"), schema, "f") == schema

@@ -16,6 +16,11 @@ def tokenize(service, body: dict) -> httpx.Response:  # type: ignore[no-untyped-
     return httpx.post(service.base_url + "/tokenize", json=body, headers=auth("alice"), timeout=60)
 
 
+def detokenize(service, tokens: list[int]) -> httpx.Response:  # type: ignore[no-untyped-def]
+    return httpx.post(service.base_url + "/detokenize", json={"tokens": tokens}, headers=auth("alice"),
+                      timeout=60)
+
+
 def test_tgi_shape_is_the_prompt_generate_runs_on(tiny_service) -> None:  # type: ignore[no-untyped-def]
     r = tokenize(tiny_service, {"inputs": PROMPT})
     assert r.status_code == 200, r.text
@@ -50,6 +55,20 @@ def test_vllm_shape_for_a_prompt_and_for_messages(tiny_service) -> None:  # type
     assert chat["count"] == answer["usage"]["prompt_tokens"]
 
 
+def test_vllm_without_special_tokens_and_detokenize(tiny_service) -> None:  # type: ignore[no-untyped-def]
+    """What `vllm bench serve` builds its prompts with: tokens without the tokenizer's own special
+    tokens, and back to text."""
+    plain = tokenize(tiny_service, {"prompt": PROMPT, "add_special_tokens": False})
+    assert plain.status_code == 200, plain.text
+    ids = plain.json()["tokens"]
+    r = detokenize(tiny_service, ids)
+    assert r.status_code == 200 and r.json() == {"prompt": PROMPT}, r.text
+    chat = tokenize(tiny_service, {"messages": MSG}).json()["tokens"]
+    assert "<|im_start|>" in detokenize(tiny_service, chat).json()["prompt"]  # special tokens written out
+    r = detokenize(tiny_service, [1, 99999999])
+    assert r.status_code == 422 and "tokens" in r.json()["error"], r.text
+
+
 @pytest.mark.parametrize(("body", "field"), [
     ({}, "inputs"),
     ({"inputs": "hi", "prompt": "hi"}, "inputs"),
@@ -57,7 +76,6 @@ def test_vllm_shape_for_a_prompt_and_for_messages(tiny_service) -> None:  # type
     ({"inputs": "hi", "parameters": {"truncate": 0}}, "truncate"),
     ({"inputs": "hi", "parameters": {"truncate": 99999}}, "truncate"),
     ({"messages": []}, "messages"),
-    ({"prompt": "hi", "add_special_tokens": False}, "add_special_tokens"),
 ])
 def test_bad_bodies_are_422_in_tgi_shape(tiny_service, body: dict, field: str) -> None:  # type: ignore[no-untyped-def]
     r = tokenize(tiny_service, body)

@@ -33,10 +33,11 @@ def chat(service, **body: object) -> dict:  # type: ignore[no-untyped-def]
     return r.json()
 
 
-def streamed_calls(service, **body: object) -> tuple[list[dict], str]:  # type: ignore[no-untyped-def]
-    """The streamed tool calls reassembled by index (as the openai SDK does) and the finish reason."""
+def streamed(service, **body: object) -> tuple[list[dict], str, str]:  # type: ignore[no-untyped-def]
+    """The streamed tool calls reassembled by index (as the openai SDK does), the finish reason and
+    the content."""
     calls: dict[int, dict] = {}
-    reason = None
+    reason, content = None, ""
     with httpx.stream("POST", service.base_url + "/v1/chat/completions", headers=auth("alice"), timeout=120,
                       json={"messages": MSG, "tools": TOOLS, "max_tokens": 200, "stream": True, **body}) as r:
         lines = [line[5:].strip() for line in r.iter_lines() if line.startswith("data:")]
@@ -44,12 +45,19 @@ def streamed_calls(service, **body: object) -> tuple[list[dict], str]:  # type: 
         for data in map(json.loads, lines[:-1]):
             choice = data["choices"][0]
             reason = choice["finish_reason"] or reason
+            content += choice["delta"].get("content") or ""
             for delta in choice["delta"].get("tool_calls") or []:
                 if delta["index"] not in calls:  # the first delta of a call names it
                     assert delta["id"].startswith("call_") and delta["type"] == "function", delta
                     calls[delta["index"]] = {"name": delta["function"]["name"], "arguments": ""}
                 calls[delta["index"]]["arguments"] += delta["function"].get("arguments", "")
-    return [calls[i] for i in sorted(calls)], reason  # type: ignore[return-value]
+    return [calls[i] for i in sorted(calls)], reason, content  # type: ignore[return-value]
+
+
+def streamed_calls(service, **body: object) -> tuple[list[dict], str]:  # type: ignore[no-untyped-def]
+    calls, reason, content = streamed(service, **body)
+    assert content == ""
+    return calls, reason
 
 
 def check_call(name: str, arguments: str) -> None:
@@ -127,3 +135,52 @@ def test_openai_client_reassembles_a_streamed_call_and_reads_json_schema_output(
     whole = c.chat.completions.create(model="tiny", messages=MSG, seed=9, max_tokens=200, response_format={
         "type": "json_schema", "json_schema": {"name": "w", "schema": WEATHER, "strict": True}})
     jsonschema.validate(json.loads(whole.choices[0].message.content or ""), WEATHER)
+
+
+def test_a_cut_off_call_finishes_length_never_tool_calls(tiny_service) -> None:  # type: ignore[no-untyped-def]
+    """As OpenAI and vLLM: max_tokens inside a call is `length`. A named call's arguments stream as
+    they come (so the cut-off call is there, unparseable); `required` calls come whole, so a
+    cut-off one is dropped, and call JSON is never content."""
+    sampled = {"temperature": 1.0, "seed": 5, "max_tokens": 6}
+    choice = chat(tiny_service, tool_choice=NAMED, **sampled)["choices"][0]
+    assert choice["finish_reason"] == "length"
+    (call,) = choice["message"]["tool_calls"]
+    with pytest.raises(ValueError):
+        json.loads(call["function"]["arguments"])
+    calls, reason = streamed_calls(tiny_service, tool_choice=NAMED, **sampled)
+    assert reason == "length" and calls[0]["arguments"] == call["function"]["arguments"]
+    for parallel in (False, True):
+        body = {"tool_choice": "required", "parallel_tool_calls": parallel, **sampled}
+        choice = chat(tiny_service, **body)["choices"][0]
+        assert choice["finish_reason"] == "length", choice
+        assert choice["message"]["content"] is None and choice["message"]["tool_calls"] is None
+        assert streamed(tiny_service, **body) == ([], "length", "")
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_required_answers_every_complete_call_whatever_follows(tiny_service, seed: int) -> None:  # type: ignore[no-untyped-def]
+    """The grammar may end after any complete call: a model that keeps calling until max_tokens
+    still answers the calls it completed (a call here is ~30 tokens), and never content."""
+    body = {"tool_choice": "required", "temperature": 1.0, "seed": seed, "max_tokens": 80}
+    choice = chat(tiny_service, **body)["choices"][0]
+    calls = choice["message"]["tool_calls"]
+    assert choice["message"]["content"] is None and calls, choice
+    assert choice["finish_reason"] in ("tool_calls", "length")
+    for call in calls:
+        check_call(call["function"]["name"], call["function"]["arguments"])
+    streamed_list, reason, content = streamed(tiny_service, **body)
+    assert content == "" and reason == choice["finish_reason"]
+    assert streamed_list == [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+                             for c in calls]
+
+
+def test_undeclared_argument_keys_are_never_written(tiny_service) -> None:  # type: ignore[no-untyped-def]
+    """A tool whose parameters do not say additionalProperties gets only its declared keys (as
+    OpenAI strict and vLLM), not whatever a model invents until max_tokens."""
+    open_schema = {"type": "object", "properties": {"city": {"enum": ["Paris", "Lima"]}}}
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": open_schema}}]
+    for seed in range(6):
+        choice = chat(tiny_service, tools=tools, tool_choice=NAMED, temperature=1.0, seed=seed,
+                      max_tokens=60)["choices"][0]
+        assert choice["finish_reason"] == "tool_calls", choice
+        assert set(json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"])) <= {"city"}

@@ -13,6 +13,7 @@ from tests.api.conftest import auth
 
 LONG_PROMPT = "hello " * 1500  # ~1500 tokens > max_input_tokens = 1000
 MSG = [{"role": "user", "content": "hi"}]
+CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
 
 TGI = [
     ({"parameters": {}}, "inputs"),
@@ -83,6 +84,10 @@ CHAT = [
       "response_format": {"type": "json_object"}}, "response_format"),
     ({"messages": [*MSG, {"role": "assistant", "tool_calls": [{"id": "1", "function": {}}]}]},
      "messages.1.tool_calls"),
+    ({"messages": [*MSG, {"role": "assistant", "tool_calls": [CALL]}]}, "messages.1.tool_calls"),
+    ({"messages": [*MSG, {"role": "assistant", "tool_calls": [CALL]}, *MSG]}, "messages.1.tool_calls"),
+    ({"messages": [*MSG, {"role": "assistant", "tool_calls": [CALL]},
+                   {"role": "tool", "tool_call_id": "call_2", "content": "sun"}]}, "messages.1.tool_calls"),
     ({"messages": MSG, "response_format": {"type": "yaml"}}, "response_format"),
     ({"messages": MSG, "response_format": {"type": "json_schema"}}, "response_format.json_schema"),
     ({"messages": MSG, "response_format": {"type": "json_schema", "json_schema": {

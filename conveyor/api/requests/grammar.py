@@ -1,5 +1,8 @@
 """Structured output in the dialects' shapes → one `GrammarSpec` (conveyor/wire/grammar.py), validated.
 
+An object schema that declares properties allows only those (see `closed`; the
+`json_undeclared_keys` setting restores JSON Schema's reading).
+
 OpenAI `response_format`: `{"type": "json_object"}`, `{"type": "json_schema", "json_schema":
 {name, schema, strict}}` (the schema is always enforced, strict or not), and TGI's form on its chat
 route, `{"type": "json_object" | "json" | "regex", "value": ...}`. TGI `parameters.grammar`:
@@ -18,8 +21,9 @@ from conveyor.settings import Settings
 from conveyor.wire.grammar import GrammarSpec, grammar_error
 
 
-def json_schema(schema: Any, field: str) -> GrammarSpec:
-    """A JSON schema (an object, or its JSON text) as a grammar; compact sorted text is the cache key."""
+def parsed_schema(settings: Settings, schema: Any, field: str) -> dict[str, Any]:
+    """A JSON schema (an object, or its JSON text) as a dict, closed to undeclared keys unless the
+    `json_undeclared_keys` setting allows them."""
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
@@ -28,7 +32,46 @@ def json_schema(schema: Any, field: str) -> GrammarSpec:
     if not isinstance(schema, dict):
         raise ValidationError(f"`{field}`: a JSON schema is an object; given {type(schema).__name__}",
                               param=field)
-    return GrammarSpec(kind="json_schema", value=json.dumps(schema, sort_keys=True, separators=(",", ":")))
+    return closed(schema) if settings.json_undeclared_keys == "forbid" else schema
+
+
+def json_schema(settings: Settings, schema: Any, field: str) -> GrammarSpec:
+    """A JSON schema as a checked grammar. Its compact text is the cache key; key order is kept,
+    since the output writes properties in the order the schema declares them."""
+    value = json.dumps(parsed_schema(settings, schema, field), separators=(",", ":"), ensure_ascii=False)
+    return checked(settings, GrammarSpec(kind="json_schema", value=value), field)
+
+
+# Keywords whose value is one schema, a list of schemas, or a map of names to schemas.
+_ONE = ("additionalProperties", "items", "not", "contains", "if", "then", "else", "propertyNames",
+        "unevaluatedProperties", "unevaluatedItems", "additionalItems")
+_LIST = ("anyOf", "oneOf", "prefixItems", "items")
+_MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def closed(schema: Any, in_all_of: bool = False) -> Any:
+    """`schema` with `additionalProperties: false` on every object schema that declares properties
+    and says nothing of it (what vLLM's guidance backend does with disable_additional_properties).
+    Only schema positions are walked, never `const`, `enum` or `default` values. The members of an
+    `allOf` stay open: each declares a part of one object, closing them would leave nothing valid."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _ONE:
+        if isinstance(out.get(key), dict):
+            out[key] = closed(out[key])
+    for key in _LIST:
+        if isinstance(out.get(key), list):
+            out[key] = [closed(s) for s in out[key]]
+    for key in _MAP:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: closed(s) for name, s in out[key].items()}
+    if isinstance(out.get("allOf"), list):
+        out["allOf"] = [closed(s, in_all_of=True) for s in out["allOf"]]
+    declares = "properties" in out or "patternProperties" in out
+    if declares and "additionalProperties" not in out and not in_all_of:
+        out["additionalProperties"] = False
+    return out
 
 
 def _regex(value: Any, field: str) -> GrammarSpec:
@@ -57,7 +100,7 @@ def from_response_format(settings: Settings, rf: dict[str, Any] | None) -> Gramm
     if kind == "text":
         return None
     if kind in ("json_object", "json") and "value" in rf:  # type: ignore[operator]
-        return checked(settings, json_schema(rf["value"], field), field)  # type: ignore[index]
+        return json_schema(settings, rf["value"], field)  # type: ignore[index]
     if kind == "json_object":
         return checked(settings, GrammarSpec(kind="json_object"), field)
     if kind == "regex":
@@ -69,8 +112,7 @@ def from_response_format(settings: Settings, rf: dict[str, Any] | None) -> Gramm
                                   '{"name": ..., "schema": {...}}', param="response_format.json_schema")
         if "schema" not in spec:
             return checked(settings, GrammarSpec(kind="json_object"), field)
-        return checked(settings, json_schema(spec["schema"], "response_format.json_schema.schema"),
-                       "response_format.json_schema.schema")
+        return json_schema(settings, spec["schema"], "response_format.json_schema.schema")
     raise ValidationError(f"`response_format`: type {kind!r} is not one of text, json_object, json_schema",
                           param=field)
 
@@ -80,10 +122,10 @@ def from_tgi(settings: Settings, grammar: dict[str, Any]) -> GrammarSpec:
     field = "grammar"
     kind, value = grammar.get("type"), grammar.get("value")
     if kind in ("json", "json_object"):
-        return checked(settings, json_schema(value, field), field)
+        return json_schema(settings, value, field)
     if kind == "json_schema":
         schema = value.get("schema") if isinstance(value, dict) else None
-        return checked(settings, json_schema(schema, field), field)
+        return json_schema(settings, schema, field)
     if kind == "regex":
         return checked(settings, _regex(value, field), field)
     raise ValidationError(f"`grammar`: type {kind!r} is not one of json, regex, json_schema", param=field)

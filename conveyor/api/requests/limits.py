@@ -29,6 +29,8 @@ def check_prompt_length(settings: Settings, n: int, field: str = "inputs") -> No
 def resolve_max_new_tokens(settings: Settings, input_length: int, requested: int | None,
                            field: str = "max_new_tokens", prompt_field: str = "inputs",
                            default: int | None = None) -> int:
+    """The request's max new tokens, checked; none requested: `default` (else the
+    default_max_new_tokens setting), within what the context leaves."""
     room = settings.max_total_tokens - input_length
     if requested is None:
         return max(1, min(default or settings.default_max_new_tokens, room))

@@ -20,7 +20,13 @@ from conveyor.api.requests.limits import (
     unsupported,
 )
 from conveyor.api.requests.tokenizer import PromptTokenizer
-from conveyor.api.requests.tools import grammar_for, template_tools, tool_calls_in, tool_messages
+from conveyor.api.requests.tools import (
+    check_replies,
+    grammar_for,
+    template_tools,
+    tool_calls_in,
+    tool_messages,
+)
 from conveyor.settings import Settings
 from conveyor.wire.grammar import GrammarSpec
 from conveyor.wire.job import JobSpec, SamplingSpec, StoppingSpec
@@ -100,6 +106,15 @@ def _message(i: int, message: Any) -> dict[str, Any]:
     return out
 
 
+def _rest_of_context(settings: Settings, prompt_tokens: int, n: int) -> int:
+    """A chat's max tokens when it gives none: the rest of the context, as OpenAI and vLLM (agent
+    frameworks rarely send max_tokens); with n choices, no more than the batch budget leaves each."""
+    budget = settings.max_batch_total_tokens
+    if n > 1 and budget is not None:
+        return max(1, min(settings.max_total_tokens, (budget - prompt_tokens) // n))
+    return settings.max_total_tokens
+
+
 def chat_job(settings: Settings, tokenizer: PromptTokenizer, template: ChatTemplate | None,
              body: ChatCompletionRequest, tenant: str) -> JobSpec:
     _check_common(settings, body)
@@ -109,6 +124,7 @@ def chat_job(settings: Settings, tokenizer: PromptTokenizer, template: ChatTempl
     check_top_n(settings, top_n, "top_logprobs")
     tool_grammar = grammar_for(settings, body)
     messages = [_message(i, m) for i, m in enumerate(body.messages)]
+    check_replies(messages)
     tools = template_tools(body)
     if template is not None and not template.handles_tools:
         messages, tools = tool_messages(messages, tools), None
@@ -117,7 +133,8 @@ def chat_job(settings: Settings, tokenizer: PromptTokenizer, template: ChatTempl
     check_prompt_length(settings, len(prompt_ids), "messages")
     field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_new = resolve_max_new_tokens(settings, len(prompt_ids), body.max_completion_tokens or body.max_tokens,
-                                     field=field, prompt_field="messages")
+                                     field=field, prompt_field="messages",
+                                     default=_rest_of_context(settings, len(prompt_ids), body.n))
     stopping = StoppingSpec(max_new_tokens=max_new, stop=body.stop_list, ignore_eos=body.ignore_eos)
     grammar = from_response_format(settings, _dumped(body.response_format))
     if grammar is not None and tool_grammar is not None:

@@ -27,8 +27,9 @@ class PromptTokenizer:
         """True when the text already contains special tokens (e.g. a prompt someone templated)."""
         return any(token in text for token in self.special_tokens)
 
-    def encode(self, text: str) -> list[int]:
-        return list(self._tokenizer.encode(text).ids)
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """`add_special_tokens`: the tokenizer's own (a BOS, for a model that has one)."""
+        return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def encode_offsets(self, text: str) -> list[tuple[int, int, int]]:
         """(id, start, stop) per token: character offsets into `text` (TGI's /tokenize)."""

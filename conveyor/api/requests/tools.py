@@ -8,10 +8,15 @@ system message in that format. `tool_choice`:
 - `none`: the tools are in the prompt (as OpenAI and vLLM), the output is plain content;
 - `auto` (the default with tools): the output's `<tool_call>` blocks become `tool_calls`, the text
   around them `content`; a block that does not parse stays content;
-- `required`: a grammar makes the output a JSON array of `{"name", "arguments"}`, one of the tools'
-  each, arguments valid for that tool's `parameters` (at most one call when
-  `parallel_tool_calls` is false);
+- `required`: a grammar makes the output one or more `<tool_call>` blocks in the model's format,
+  each `{"name", "arguments"}` of one of the tools, arguments valid for its `parameters` (one block
+  when `parallel_tool_calls` is false). The output may end after any complete block, so a model
+  that repeats calls until `max_tokens` still answers the complete ones;
 - a named function: a grammar makes the output that function's `arguments` (its `parameters`).
+
+Output cut off by `max_tokens` answers `finish_reason: length`, never `tool_calls` (as OpenAI and
+vLLM): a cut-off call is never complete. Call JSON is never content: under `required` nothing but
+the calls is, and under `auto` a cut-off last block is dropped.
 """
 
 from __future__ import annotations
@@ -23,9 +28,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from conveyor.api.errors import ValidationError
-from conveyor.api.requests.grammar import checked, json_schema
+from conveyor.api.requests.grammar import checked, json_schema, parsed_schema
 from conveyor.settings import Settings
-from conveyor.wire.grammar import GrammarSpec
+from conveyor.wire.grammar import JSON_OPTIONS, GrammarSpec
 from conveyor.wire.openai import ChatCompletionRequest
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -81,19 +86,27 @@ def grammar_for(settings: Settings, body: ChatCompletionRequest) -> GrammarSpec 
             raise ValidationError(f'`tool_choice`: {{"type": "function", "function": {{"name": ...}}}} with '
                                   f"one of the tools' names ({names}); given {json.dumps(choice)}",
                                   param="tool_choice")
-        return checked(settings, json_schema(match[0]["parameters"], "tools"), "tools")
+        return json_schema(settings, match[0]["parameters"], "tools")
     if kind == "required":
-        calls = [{"type": "object",
-                  "properties": {"name": {"const": f["name"]}, "arguments": f["parameters"]},
-                  "required": ["name", "arguments"], "additionalProperties": False} for f in functions]
-        array: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
-        if not body.parallel_tool_calls:
-            array["maxItems"] = 1
-        return checked(settings, json_schema(array, "tools"), "tools")
+        return _required_grammar(settings, functions, body.parallel_tool_calls)
     if kind not in ("auto", "none"):
         raise ValidationError(f"`tool_choice`: one of none, auto, required or a named function; "
                               f"given {choice!r}", param="tool_choice")
     return None
+
+
+def _required_grammar(settings: Settings, functions: list[dict[str, Any]], parallel: bool) -> GrammarSpec:
+    """One or more `<tool_call>` blocks (one if not `parallel`), each a call of one of the functions;
+    the grammar accepts the end of the output after any complete block."""
+    calls = [{"type": "object", "properties": {
+        "name": {"const": f["name"]},
+        "arguments": parsed_schema(settings, f["parameters"], f"tools.{i}.function.parameters")},
+        "required": ["name", "arguments"], "additionalProperties": False} for i, f in enumerate(functions)]
+    schema = json.dumps({"anyOf": calls, "x-guidance": JSON_OPTIONS}, ensure_ascii=False)
+    block = f'"{OPEN}\\n" %json {schema} "\\n{CLOSE}"'
+    more = ' ("\\n" call)*' if parallel else ""
+    lark = f"start: call{more}\ncall: {block}\n"
+    return checked(settings, GrammarSpec(kind="lark", value=lark), "tools")
 
 
 def template_tools(body: ChatCompletionRequest) -> list[dict[str, Any]] | None:
@@ -121,6 +134,25 @@ def tool_calls_in(i: int, calls: Any) -> list[dict[str, Any]]:
         out.append({"id": call.get("id"), "type": "function",
                     "function": {"name": fn["name"], "arguments": arguments}})
     return out
+
+
+def check_replies(messages: list[dict[str, Any]]) -> None:
+    """As OpenAI: an assistant message with `tool_calls` is followed by `tool` messages answering
+    each call (by `tool_call_id`); else a 422 naming that message's `tool_calls`."""
+    for i, m in enumerate(messages):
+        if not m.get("tool_calls"):
+            continue
+        replies = []
+        for reply in messages[i + 1:]:
+            if reply["role"] != "tool":
+                break
+            replies.append(reply.get("tool_call_id"))
+        unanswered = [c["id"] for c in m["tool_calls"] if c["id"] is not None and c["id"] not in replies]
+        if not replies or unanswered:
+            ids = ", ".join(unanswered) or "its calls"
+            raise ValidationError(f"`messages.{i}.tool_calls`: an assistant message with tool calls must be "
+                                  f"followed by tool messages answering each (tool_call_id); none answers "
+                                  f"{ids}", param=f"messages.{i}.tool_calls")
 
 
 def tool_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
@@ -157,7 +189,9 @@ class Parsed:
     tool_calls: list[dict[str, Any]]
 
 
-def _hermes(text: str) -> Parsed:
+def _hermes(text: str, cut_off: bool = False) -> Parsed:
+    """Each `<tool_call>` block that parses is a call, the rest content; with `cut_off` (the output
+    ran into max_tokens), an unclosed last block is a call cut short, dropped."""
     calls: list[dict[str, Any]] = []
     content, rest = [], text
     while (start := rest.find(OPEN)) >= 0:
@@ -170,22 +204,27 @@ def _hermes(text: str) -> Parsed:
                 raise TypeError("no name")
             calls.append(_call(value["name"], value.get("arguments", {})))
         except (ValueError, AttributeError, TypeError):
-            content.append(rest[start:stop])  # not a call: it stays text
+            if end >= 0 or not cut_off:
+                content.append(rest[start:stop])  # not a call: it stays text
         rest = rest[stop:]
     content.append(rest)
     return Parsed("".join(content).strip() or None, calls)
 
 
-def parse(body: ChatCompletionRequest, text: str) -> Parsed:
-    """The job's text as the assistant message: content and tool calls, by `tool_choice`."""
+def parse(body: ChatCompletionRequest, text: str, cut_off: bool = False) -> Parsed:
+    """The job's text as the assistant message: content and tool calls, by `tool_choice`. `cut_off`:
+    the text ran into max_tokens."""
     kind = mode(body)
     if kind == "named":
         return Parsed(None, [_call(body.tool_choice["function"]["name"], text)])  # type: ignore[index]
-    if kind == "required":
-        try:
-            return Parsed(None, [_call(c["name"], c["arguments"]) for c in json.loads(text)])
-        except (ValueError, KeyError, TypeError):  # cut short (max_tokens): what came, as content
-            return Parsed(text, [])
+    if kind == "required":  # the grammar allows nothing but calls: a cut-off one is dropped
+        return Parsed(None, _hermes(text, cut_off=True).tool_calls)
     if kind == "auto" and OPEN in text:
-        return _hermes(text)
+        return _hermes(text, cut_off)
     return Parsed(text, [])
+
+
+def finish_reason(calls: bool, ended: str) -> str:
+    """OpenAI's finish_reason of a chat choice that ended `ended` (stop or length), with or without
+    tool calls: cut off is `length` whatever was called."""
+    return "tool_calls" if calls and ended == "stop" else ended

@@ -4,7 +4,7 @@ the streaming and the whole answers of conveyor/api/routes/openai.py and by batc
 
 from __future__ import annotations
 
-from conveyor.api.requests.tools import mode, parse
+from conveyor.api.requests import tools
 from conveyor.api.responses.prompt_details import echo_logprobs, joined, prompt_of
 from conveyor.wire.job import ChoiceResult, EventToken, JobEvent, JobResult, JobSpec, PromptEventToken
 from conveyor.wire.openai import (
@@ -72,13 +72,12 @@ def completion_logprobs(events: list[JobEvent], offset: int, echo: bool = False,
 def chat_choice(body: ChatCompletionRequest, i: int, c: ChoiceResult, events: list[JobEvent]) -> ChatChoice:
     """One choice of a chat answer: its text, or the tool calls parsed from it."""
     message, reason = AssistantMessage(content=c.generated_text), finish_reason(c)
-    if mode(body) != "none":
-        parsed = parse(body, c.generated_text)
+    if tools.mode(body) != "none":
+        parsed = tools.parse(body, c.generated_text, cut_off=reason == "length")
         message = AssistantMessage(content=parsed.content, tool_calls=parsed.tool_calls or None)
-        reason = "tool_calls" if parsed.tool_calls else reason
+        reason = tools.finish_reason(bool(parsed.tool_calls), reason)
     return ChatChoice(index=i, message=message, logprobs=chat_logprobs(events) if body.logprobs else None,
                       finish_reason=reason)  # type: ignore[arg-type]
-
 
 
 def summed_usage(parts: list[CompletionUsage]) -> CompletionUsage:

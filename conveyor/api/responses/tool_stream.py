@@ -21,10 +21,14 @@ class ToolStream:
         self._mode = mode(body)
         self._held = ""
         self._in_calls = False
-        self.called = False  # a tool call was sent: finish_reason is tool_calls
+        self._cut_off = False
+        self.called = False  # a tool call was sent: finish_reason is tool_calls unless cut off
 
-    def feed(self, text: str, final: bool) -> tuple[str | None, list[dict[str, Any]] | None]:
-        """This piece of the job's text (the last when `final`) as (content, tool_calls) of a delta."""
+    def feed(self, text: str, final: bool,
+             cut_off: bool = False) -> tuple[str | None, list[dict[str, Any]] | None]:
+        """This piece of the job's text (the last when `final`; `cut_off`: the job ran into
+        max_tokens) as (content, tool_calls) of a delta."""
+        self._cut_off = cut_off
         if self._mode == "named":
             if not self.called:
                 self.called = True
@@ -33,7 +37,7 @@ class ToolStream:
             return None, [{"index": 0, "function": {"arguments": text}}]
         self._held += text
         if self._mode == "required":
-            return (None, None) if not final else self._calls(parse(self._body, self._held))
+            return (None, None) if not final else self._calls(parse(self._body, self._held, cut_off))
         if not self._in_calls:
             at = self._held.find(OPEN)
             if at >= 0:
@@ -46,7 +50,7 @@ class ToolStream:
         return (None, None) if not final else self._ending("")
 
     def _ending(self, content: str) -> tuple[str | None, list[dict[str, Any]] | None]:
-        parsed = _hermes(self._held)
+        parsed = _hermes(self._held, self._cut_off)
         text = content + (parsed.content or "")
         _, calls = self._calls(parsed)
         return text or None, calls

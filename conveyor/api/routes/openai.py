@@ -6,7 +6,7 @@ import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -18,9 +18,9 @@ from conveyor.api.context import ApiContext
 from conveyor.api.errors import ApiError, NotFound
 from conveyor.api.jobpath.fanout import collect_all, follow_all, submit_all
 from conveyor.api.openapi import BODY_ERRORS, error_responses, event_stream
+from conveyor.api.requests import tools as tool_calls
 from conveyor.api.requests.choices import best, events_of
 from conveyor.api.requests.openai import chat_job, check_stream_options, completion_jobs
-from conveyor.api.requests.tools import mode
 from conveyor.api.responses.openai import (
     chat_choice,
     chat_logprobs,
@@ -43,6 +43,7 @@ from conveyor.wire.openai import (
     Completion,
     CompletionChoice,
     CompletionRequest,
+    CompletionUsage,
     Model,
     ModelList,
 )
@@ -71,6 +72,7 @@ def _head(prefix: str, spec: JobSpec, ctx: ApiContext) -> dict[str, Any]:
 
 
 ChunkModel = type[ChatCompletionChunk] | type[Completion]
+OpenAIBody = ChatCompletionRequest | CompletionRequest
 Ending = JobResult | ChoiceResult  # how the choice of a chunk ended: its job's result, or its own
 
 
@@ -80,16 +82,19 @@ async def _one(ctx: ApiContext, spec: JobSpec) -> AsyncGenerator[tuple[int, JobE
 
 
 async def _chunks(
-    ctx: ApiContext, specs: list[JobSpec], model: ChunkModel, head: dict[str, Any], include_usage: bool,
+    ctx: ApiContext, specs: list[JobSpec], model: ChunkModel, head: dict[str, Any], body: OpenAIBody,
     choice: Callable[[int, JobEvent, Ending | None], Any], ended: set[int],
 ) -> AsyncIterator[str]:
     """The jobs' events as OpenAI chunks, interleaved as they come (`choice` renders an event as the
     choice of that `index`: job i's choice c is index i × n + c, as OpenAI numbers several prompts'
     choices; each choice ends with its own finish_reason), the usage chunk (summed) if asked for,
     then `[DONE]`. With
-    include_usage every chunk carries `usage` (null but in the last). A job that fails ends the
-    stream with an error event; the others are then cancelled. `ended`: the jobs seen to end."""
-    usage_null = {"usage": None} if include_usage else {}
+    include_usage every chunk carries `usage`: null but in the last, or with
+    `continuous_usage_stats` the usage so far (prompts and the tokens generated until that chunk).
+    A job that fails ends the stream with an error event; the others are then cancelled. `ended`:
+    the jobs seen to end."""
+    include_usage, continuous = body.include_usage, body.continuous_usage
+    prompt_tokens, generated = sum(len(s.prompt_ids) for s in specs), 0
     results: dict[int, JobResult] = {}
     events = _one(ctx, specs[0]) if len(specs) == 1 else follow_all(ctx, specs)
     async with aclosing(events):
@@ -106,8 +111,12 @@ async def _chunks(
                     return
                 results[i] = result
             index = i * specs[i].n + event.choice
+            generated += event.token is not None
             chunk = model(**head, choices=[choice(index, event, event.choice_end or result)])
-            yield sse(json.dumps({**chunk.model_dump(mode="json", exclude={"usage"}), **usage_null}))
+            so_far = CompletionUsage(prompt_tokens=prompt_tokens, completion_tokens=generated,
+                                     total_tokens=prompt_tokens + generated) if continuous else None
+            shown = {"usage": so_far and so_far.model_dump(exclude_none=True)} if include_usage else {}
+            yield sse(json.dumps({**chunk.model_dump(mode="json", exclude={"usage"}), **shown}))
             if len(results) == len(specs):
                 break
     if include_usage and len(results) == len(specs):
@@ -126,12 +135,12 @@ Choice = Callable[[int, JobEvent, Ending | None], Any]
 
 
 def _stream_jobs(ctx: ApiContext, specs: list[JobSpec], model: ChunkModel, head: dict[str, Any],
-                 include_usage: bool, choice: Choice) -> StreamingResponse:
+                 body: OpenAIBody, choice: Choice) -> StreamingResponse:
     """The streaming answer for the jobs. Once it is over, however it ended (a client gone before
     the first event never started the generators, whose cleanup would cancel its jobs), every job
     it did not see end is cancelled."""
     ended: set[int] = set()
-    response = stream(_chunks(ctx, specs, model, head, include_usage, choice, ended), error_event,
+    response = stream(_chunks(ctx, specs, model, head, body, choice, ended), error_event,
                       ",".join(spec.id for spec in specs))
     response.background = BackgroundTask(_cancel_unended, ctx, specs, ended)
     return response
@@ -146,26 +155,24 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, tenant
     await ctx.jobs.submit(spec)
     common = _head("chatcmpl", spec, ctx)
     if body.stream:
-        named: set[int] = set()  # OpenAI names the role in each choice's first delta only
         tool_streams: dict[int, ToolStream] = {}  # each choice's tool-call parser
 
         def choice(i: int, event: JobEvent, result: Ending | None) -> ChunkChoice:
-            role: Literal["assistant"] | None = None if i in named else "assistant"
-            named.add(i)
             content: str | None = text_of(event)
-            calls, tools = None, None
-            if mode(body) != "none":
-                tools = tool_streams.setdefault(i, ToolStream(body))
-                content, calls = tools.feed(text_of(event), result is not None)
+            calls = None
             reason = finish_reason(result) if result else None
+            if tool_calls.mode(body) != "none":
+                tools = tool_streams.setdefault(i, ToolStream(body))
+                content, calls = tools.feed(text_of(event), result is not None, cut_off=reason == "length")
+                reason = tool_calls.finish_reason(tools.called, reason) if reason else None
             return ChunkChoice(
                 index=i,
-                delta=ChunkDelta(role=role, content=content, tool_calls=calls),
+                delta=ChunkDelta(content=content, tool_calls=calls),
                 logprobs=chat_logprobs([event]) if body.logprobs else None,
-                finish_reason="tool_calls" if reason and tools and tools.called else reason,  # type: ignore[arg-type]
+                finish_reason=reason,  # type: ignore[arg-type]
             )
 
-        return _stream_jobs(ctx, [spec], ChatCompletionChunk, common, body.include_usage, choice)
+        return _stream_jobs(ctx, [spec], ChatCompletionChunk, common, body, choice)
     events = await ctx.collect(spec.id, request)
     completion = chat_answer(ctx, spec, body, events)
     return JSONResponse(completion.model_dump(mode="json"), headers={"X-Job-Id": spec.id})
@@ -211,7 +218,7 @@ async def completions(body: CompletionRequest, request: Request, tenant: str = D
                 finish_reason=finish_reason(result) if result else None,  # type: ignore[arg-type]
             )
 
-        return _stream_jobs(ctx, specs, Completion, _head("cmpl", specs[0], ctx), body.include_usage, choice)
+        return _stream_jobs(ctx, specs, Completion, _head("cmpl", specs[0], ctx), body, choice)
     if len(specs) == 1:
         events = await ctx.collect(specs[0].id, request)
         completion = completion_answer(ctx, specs[0], body, events)

@@ -1,10 +1,13 @@
-"""`POST /tokenize`: TGI's route, and vLLM's body shape on the same path (the keys tell them apart).
+"""`POST /tokenize`: TGI's route, and vLLM's body shape on the same path (the keys tell them apart);
+`POST /detokenize`: vLLM's.
 
 - TGI: `{inputs, parameters?}` → `[{id, text, start, stop}]`: the tokens `/generate` would run on
   for these inputs (the same `generate_prompt_format` and `truncate`), with character offsets into
   that prompt (with `raw` prompts, into `inputs` itself, exactly as TGI).
 - vLLM: `{prompt}` (raw, as `/v1/completions` tokenizes it) or `{messages}` (through the chat
-  template, as `/v1/chat/completions`) → `{count, max_model_len, tokens}`.
+  template, as `/v1/chat/completions`) → `{count, max_model_len, tokens}`; `add_special_tokens`
+  false leaves out the tokenizer's own special tokens (a BOS), as vLLM. `/detokenize`: `{tokens}` →
+  `{prompt}` (`vllm bench serve` builds its prompts with both).
 
 Nothing is queued: tokenizing needs no worker.
 """
@@ -20,7 +23,7 @@ from conveyor.api.body_text import unicode_body
 from conveyor.api.context import ApiContext
 from conveyor.api.errors import ValidationError
 from conveyor.api.openapi import error_responses
-from conveyor.api.requests.limits import render_chat, tgi_prompt, unsupported
+from conveyor.api.requests.limits import render_chat, tgi_prompt
 from conveyor.api.requests.openai import _message
 from conveyor.wire.openai import ChatMessage
 from conveyor.wire.tgi import GenerateParameters
@@ -38,8 +41,8 @@ class TokenizeRequest(BaseModel):
                                            description="TGI: only `truncate` matters here.")
     prompt: str | None = Field(default=None, min_length=1, description="vLLM: a raw prompt.")
     messages: list[ChatMessage] | None = Field(default=None, min_length=1, description="vLLM: chat messages.")
-    add_special_tokens: bool = Field(default=True, description="vLLM; only true (the tokenizer's own "
-                                     "special tokens) is supported.")
+    add_special_tokens: bool = Field(default=True, description="vLLM: false leaves out the tokenizer's "
+                                     "own special tokens (a BOS).")
 
 
 class SimpleToken(BaseModel):
@@ -69,15 +72,36 @@ async def tokenize(body: TokenizeRequest, request: Request, _tenant: str = Depen
                               f"Given: {', '.join(given) or 'none'}", param="inputs")
     if body.inputs is not None:
         return JSONResponse([t.model_dump() for t in _tgi(ctx, body.inputs, body.parameters)])
-    if not body.add_special_tokens:
-        raise unsupported("add_special_tokens", "send true (or leave it out)")
     if body.prompt is not None:
-        ids = ctx.tokenizer.encode(body.prompt)
+        text = body.prompt
     else:
-        messages = [_message(i, m) for i, m in enumerate(body.messages or [])]
-        ids = ctx.tokenizer.encode(render_chat(ctx.chat_template, messages))
+        text = render_chat(ctx.chat_template, [_message(i, m) for i, m in enumerate(body.messages or [])])
+    ids = ctx.tokenizer.encode(text, add_special_tokens=body.add_special_tokens)
     answer = VllmTokenizeResponse(count=len(ids), max_model_len=ctx.settings.max_total_tokens, tokens=ids)
     return JSONResponse(answer.model_dump())
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    tokens: list[int] = Field(description="Token ids.")
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+@router.post("/detokenize", response_model=DetokenizeResponse,
+             responses=error_responses("tgi", 400, 401, 413, 422))
+async def detokenize(body: DetokenizeRequest, request: Request,
+                     _tenant: str = Depends(tenant)) -> DetokenizeResponse:
+    """Token ids back to text (vLLM's route): special tokens are written out."""
+    tokenizer = ApiContext.of(request).tokenizer
+    bad = [t for t in body.tokens if not 0 <= t < tokenizer.vocab_size]
+    if bad:
+        raise ValidationError(f"`tokens`: token id {bad[0]} is outside the vocabulary "
+                              f"(0..{tokenizer.vocab_size - 1})", param="tokens")
+    return DetokenizeResponse(prompt=tokenizer.decode(body.tokens))
 
 
 def _tgi(ctx: ApiContext, inputs: str, parameters: GenerateParameters) -> list[SimpleToken]:
