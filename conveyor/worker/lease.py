@@ -42,6 +42,7 @@ class Lease:
         pipe = self.redis.pipeline(transaction=False)
         pipe.zadd(self.keys.worker_beats, {self.worker_id: info.heartbeat_at})
         pipe.zremrangebyscore(self.keys.worker_beats, "-inf", info.heartbeat_at - BEATS_KEPT_S)
+        pipe.expire(self.keys.worker_beats, int(BEATS_KEPT_S))  # gone with the last worker
         await pipe.execute()
 
     async def leave(self) -> None:

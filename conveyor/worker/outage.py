@@ -93,5 +93,5 @@ async def until_up(name: str, attempt: Callable[[], Awaitable[T]], cap: float) -
             continue
         # A loop's try returns only when the loop ends (at the drain): then the line would be stale.
         if down_since is not None and time.monotonic() - began < 1.0:
-            log.info("%s: Redis reachable again after %.1fs", name, began - down_since)
+            log.info("%s: Redis serves again after %.1fs", name, began - down_since)
         return result
