@@ -135,7 +135,7 @@ class Relay:
                 listener.overflowed = False
                 keepalive_at = self._keepalive_at()
                 while not listener.overflowed:
-                    item = await self._next(listener, keepalive_at)
+                    item = await self._next(channel, listener, keepalive_at)
                     if item is None:
                         yield None
                         keepalive_at = self._keepalive_at()
@@ -174,13 +174,14 @@ class Relay:
             raise StreamInterrupted(f"the event stream of job {job_id} cannot be read ({exc}): "
                                     f"resume with Last-Event-ID: {after}") from exc
 
-    async def _next(self, listener: Listener, keepalive_at: float) -> JobEvent | Signal | None:
+    async def _next(self, channel: str, listener: Listener, keepalive_at: float) -> JobEvent | Signal | None:
         """The listener's next event or RESYNC; None when a keep-alive is due. While the connection
-        is lost, waits for it at most `outage_timeout`, then raises StreamInterrupted."""
+        that carries the channel is lost, waits for it (or for the channel to move to a node that
+        took over, on a cluster) at most `outage_timeout`, then raises StreamInterrupted."""
         while True:
             now = time.monotonic()
             timeout = keepalive_at - now
-            down_since = self.subscriptions.down_since
+            down_since = self.subscriptions.down_since_for(channel)
             if down_since is not None:
                 left = down_since + self.outage_timeout - now
                 if left <= 0:
