@@ -93,7 +93,7 @@ class LocalCluster:
             for client in primaries:
                 client.close()
             self.wait_ok(timeout)
-            self._until(self._in_sync, "every replica in sync with its primary", timeout)
+            self.wait_in_sync(timeout)
         except BaseException:
             self.stop()
             raise
@@ -172,6 +172,10 @@ class LocalCluster:
             except (redis.RedisError, OSError):
                 return frozenset()
         return frozenset((int(r[0]), int(r[1]), int(r[2][1])) for r in ranges)
+
+    def wait_in_sync(self, timeout: float = 60.0) -> None:
+        """Until every live replica's link to its primary is up and its first sync is done."""
+        self._until(self._in_sync, "every replica in sync with its primary", timeout)
 
     def _infos(self) -> list[dict[str, str]]:
         out = []
