@@ -88,6 +88,14 @@ class ReadyWatch:
     def stop(self) -> None:
         self._stop.set()
 
+    def steady(self, answers: int = 6, timeout: float = 60) -> None:
+        """Stops once the last `answers` were all 200 (or after `timeout`)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not (
+                len(self.answers) >= answers and all(s == 200 for _t, s in self.answers[-answers:])):
+            time.sleep(0.1)
+        self.stop()
+
     def _ready(self) -> int | None:
         try:
             return httpx.get(self.c.url + "/ready", timeout=10).status_code
@@ -156,12 +164,10 @@ def when_ended(load: Load) -> dict[int, float]:
     return ended
 
 
-def half_jobs(c: Cluster, extra: list[str]) -> list[str]:
+def half_jobs(c: Cluster) -> list[str]:
     """Job records that will never run: not terminal, no queue entry (the load left none: checked
     by `recovered`) and no TTL (a provisional record of a refused submit expires on its own)."""
     out = []
-    for job_id in extra:
-        c.wait_terminal(job_id, 120)
     with c.redis() as r:
         for key in r.scan_iter(match=f"{c.keys.prefix}:job:*", _type="hash"):
             status = r.hget(key, RecordField.STATUS)
@@ -181,10 +187,12 @@ def run_fault(c: Cluster, name: str, fault: Callable[[EmbeddedRedis], None], out
     watch = ready_watch(c)
     fault(nodes(c).owner_of(c.keys.channel(next(iter(load.followed_jobs.values())))))
     probes = probe_during(c, load.polled[0], outage)
+    watch.steady()  # and after the fault, until the api has settled
+    for job_id in watch.jobs:  # before `recovered` counts what is left in the queue
+        c.wait_terminal(job_id, 120)
     problems = probe_problems(probes) + recovered(c, pids, load) + serves_again(c)
-    watch.stop()
     problems += [f"readiness: {lie}" for lie in watch.lies]
-    problems += stream_bounds(c, load, ended_at) + half_jobs(c, watch.jobs)
+    problems += stream_bounds(c, load, ended_at) + half_jobs(c)
     text = report(name, probes, problems, c) + f"\n/ready through the fault: {watch.timeline()}"
     assert not problems, text
     print(text)
