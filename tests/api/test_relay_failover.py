@@ -140,3 +140,19 @@ async def test_streams_follow_a_primary_killed_and_its_replica_promoted(
     await wait_until(lambda: relay.subscribed("after"))
     await write(relay.redis, "after", range(3), final_at=2)
     assert [e.index for e in await asyncio.wait_for(later, 30)] == [0, 1, 2]
+
+
+async def test_a_subscription_refused_with_moved_goes_to_the_node_that_serves_it(
+        cluster: LocalCluster, relay: Relay) -> None:
+    """A channel routed by a stale slot map: the node answers SSUBSCRIBE with MOVED, the relay reads
+    the topology again and subscribes the channel where its slot is; the stream misses nothing."""
+    subscriptions = relay.subscriptions
+    assert isinstance(subscriptions, ShardedSubscriptions)
+    channel = KEYS.channel("stale")
+    owner = f"127.0.0.1:{cluster.owner_of(channel).port}"
+    subscriptions._routes[channel] = next(name for name in subscriptions._nodes if name != owner)
+    reader = asyncio.create_task(collect(relay, "stale"))
+    await wait_until(lambda: subscriptions._routes.get(channel) == owner and relay.subscribed("stale"))
+    await write(relay.redis, "stale", range(3), final_at=2)
+    assert [e.index for e in await asyncio.wait_for(reader, 30)] == [0, 1, 2]
+    assert subscriptions.refreshes >= 1
