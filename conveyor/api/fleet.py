@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import time
 
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
+
 from conveyor.api.context import ApiContext
 from conveyor.api.errors import REDIS_FAULTS
 from conveyor.wire.health import Ready
@@ -18,21 +22,36 @@ async def heartbeat_keys(ctx: ApiContext) -> list[str]:
     return [key async for key in ctx.jobs.redis.scan_iter(match=ctx.jobs.keys.workers_pattern, count=1000)]
 
 
+async def failing_primaries(redis: Redis) -> list[str]:
+    """On a cluster, the primaries that do not say `cluster_state:ok` (they refuse their slots with
+    CLUSTERDOWN: a primary just restarted waits a moment before it serves); none on one node."""
+    if not isinstance(redis, RedisCluster):
+        return []
+    infos = await redis.cluster_info(target_nodes=RedisCluster.PRIMARIES)
+    return sorted(name for name, info in infos.items() if info.get("cluster_state") != "ok")
+
+
 async def ready_state(ctx: ApiContext) -> Ready:
-    """What a request needs, in O(1): Redis accepts a write (a probe key of this process, refused at
-    maxmemory, on a demoted primary, by a cluster that is down) and the relay is subscribed (not
-    reconnecting after a restart or failover). The live workers are counted from the heartbeat
-    index (ZCOUNT over the last lease, by the workers' clocks) and reported; none does not make the
-    api unready."""
+    """What a request needs, in O(1) of the keyspace: Redis accepts a write (a probe key of this
+    process, refused at maxmemory, on a demoted primary, by a cluster that is down), on a cluster
+    every primary serves its slots (the probe key lives on one), and the relay is subscribed (not
+    reconnecting after a restart or failover). The live workers are counted from the heartbeat index
+    (ZCOUNT over the last lease, by the workers' clocks) and reported; none does not make the api
+    unready."""
     relay = ctx.relay.subscriptions.down_since is None
     redis = ctx.jobs.redis
     keys = ctx.jobs.keys
     now = time.time()
     try:
         await redis.set(keys.api_probe(ctx.api_id), int(now), ex=PROBE_TTL_S)
-    except REDIS_FAULTS as exc:
+        failing = await failing_primaries(redis)
+    except (*REDIS_FAULTS, RedisClusterException) as exc:
         return Ready(status="not_ready", redis=False, relay=relay, workers=-1,
                      reason=f"Redis does not accept writes: {type(exc).__name__}: {exc}")
+    if failing:
+        return Ready(status="not_ready", redis=False, relay=relay, workers=-1,
+                     reason=f"the cluster is down on {', '.join(failing)}: requests for its slots are "
+                     "refused")
     try:
         workers = await redis.zcount(keys.worker_beats, now - ctx.settings.job_lease_ms / 1000, "+inf")
     except REDIS_FAULTS:

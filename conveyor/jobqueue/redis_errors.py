@@ -3,9 +3,10 @@
 Transient: Redis cannot serve now but will without anyone's help — the connection dropped or timed
 out, the server is loading its data (`LOADING`), full (`OOM` under `maxmemory` with noeviction,
 `MISCONF` when it cannot persist), running a long script (`BUSY`), or a cluster is moving
-(`CLUSTERDOWN`, `MASTERDOWN`, `TRYAGAIN`, `READONLY` on a replica just demoted, `MOVED`/`ASK`
-storms, a slot no node covers yet). The caller waits and retries with backoff that stays inside
-the lease (a worker) or answers 503 with `Retry-After` (the api), and shows itself degraded.
+(`CLUSTERDOWN`, `MASTERDOWN`, `TRYAGAIN`, `READONLY` on a replica just demoted, `UNBLOCKED`: a
+blocking read released by a primary's demotion, `MOVED`/`ASK` storms, a slot no node covers
+yet). The caller waits and retries with backoff that stays inside the lease (a worker) or answers
+503 with `Retry-After` (the api), and shows itself degraded.
 
 Permanent: retrying cannot help — a wrong password or ACL (`WRONGPASS`, `NOAUTH`, `NOPERM`), a key
 of the wrong type, a script error, a command the server does not know. The caller stops with an
@@ -21,7 +22,7 @@ from redis import exceptions as rx
 
 # Prefixes of server errors that say "not now" rather than "never".
 TRANSIENT_PREFIXES = ("OOM", "LOADING", "BUSY", "MISCONF", "CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN",
-                      "READONLY", "NOREPLICAS", "MOVED", "ASK", "EXECABORT")
+                      "READONLY", "UNBLOCKED", "NOREPLICAS", "MOVED", "ASK", "EXECABORT")
 
 _PERMANENT_CLASSES: tuple[type[BaseException], ...] = (
     rx.AuthenticationError, rx.AuthorizationError, rx.NoPermissionError, rx.DataError,

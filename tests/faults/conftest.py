@@ -3,7 +3,8 @@ processes on loopback, on the tiny random Llama, with faults an operator meets â
 Redis killed or paused, poison jobs, hostile input, a long mixed soak.
 
 Each module runs its own `Cluster`: a valkey-server of its own (so a test may kill or pause it;
-AOF fsynced on every write, so a restart loses nothing that was acknowledged), engine workers with
+AOF fsynced on every write, so a restart loses nothing that was acknowledged) or a Redis Cluster of
+its own on loopback (`replicas=`: 3 primaries with that many replicas each), engine workers with
 known ids (`tests.worker.conftest.Fleet`) and one or more apis (`tests.conftest.start_service`),
 all under one key prefix. Fault tests that live with the code they check (JOINED: issue 11's
 items, the worker fleet's kills) get the `faults` marker here instead of being written twice; the
@@ -23,8 +24,11 @@ from typing import Any
 import pytest
 from redis import Redis
 
+from conveyor.jobqueue.client import make_sync_client
 from conveyor.jobqueue.keys import Keys
+from conveyor.launcher.redis_cluster import LocalCluster
 from conveyor.launcher.redis_server import EmbeddedRedis
+from conveyor.settings import Settings
 from conveyor.wire.heartbeat import WorkerInfo
 from conveyor.wire.job import JobEvent, RecordField
 from tests.api.conftest import KEYS, TERMINAL, until
@@ -54,9 +58,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @dataclass
 class Cluster:
-    """One deployment on loopback: its own Redis, workers `fleet.procs` (by worker id), apis."""
+    """One deployment on loopback: its own Redis (one server, or a cluster), workers `fleet.procs`
+    (by worker id), apis."""
 
-    redis_server: EmbeddedRedis
+    redis_server: EmbeddedRedis | LocalCluster
     fleet: Fleet
     api_env: dict[str, str]
     log_dir: Path
@@ -73,7 +78,9 @@ class Cluster:
         return self.apis[0].base_url
 
     def redis(self) -> Redis:
-        return Redis.from_url(self.redis_server.url, decode_responses=True, socket_timeout=10)
+        """A blocking client (RedisCluster on a cluster: each command routed by its key)."""
+        return make_sync_client(Settings(redis_url=self.redis_server.url), decode_responses=True,
+                                socket_timeout=10)
 
     # --- workers
 
@@ -121,24 +128,30 @@ class Cluster:
 
     # --- Redis
 
+    @property
+    def server(self) -> EmbeddedRedis:
+        """The one server (the tests of a single Redis)."""
+        assert isinstance(self.redis_server, EmbeddedRedis)
+        return self.redis_server
+
     def kill_redis(self) -> None:
-        process = self.redis_server.process
+        process = self.server.process
         assert process is not None
         process.send_signal(signal.SIGKILL)
         process.wait(10)
 
     def restart_redis(self) -> None:
         """The same port and AOF directory, as an operator's supervisor would restart it."""
-        self.redis_server = EmbeddedRedis(self.redis_server.data_dir, port=self.redis_server.port,
-                                          appendfsync=self.redis_server.appendfsync).start()
+        self.redis_server = EmbeddedRedis(self.server.data_dir, port=self.server.port,
+                                          appendfsync=self.server.appendfsync).start()
 
     def pause_redis(self) -> None:
-        assert self.redis_server.process is not None
-        os.kill(self.redis_server.process.pid, signal.SIGSTOP)
+        assert self.server.process is not None
+        os.kill(self.server.process.pid, signal.SIGSTOP)
 
     def resume_redis(self) -> None:
-        assert self.redis_server.process is not None
-        os.kill(self.redis_server.process.pid, signal.SIGCONT)
+        assert self.server.process is not None
+        os.kill(self.server.process.pid, signal.SIGCONT)
 
     # --- jobs
 
@@ -158,13 +171,17 @@ class Cluster:
 
     def logs(self) -> str:
         parts = [self.fleet.logs(), *(api.logs() for api in self.apis)]
-        server_log = self.redis_server.data_dir / "server.log"
-        if server_log.exists():
-            parts.append(f"--- valkey\n{server_log.read_text()[-2000:]}")
+        server = self.redis_server
+        servers = server.nodes if isinstance(server, LocalCluster) else [server]
+        for server in servers:
+            server_log = server.data_dir / "server.log"
+            if server_log.exists():
+                parts.append(f"--- valkey :{server.port}\n{server_log.read_text()[-2000:]}")
         return "\n".join(parts)
 
     def stop(self) -> None:
-        if self.redis_server.process is not None and self.redis_server.process.poll() is None:
+        server = self.redis_server
+        if isinstance(server, EmbeddedRedis) and server.process is not None and server.process.poll() is None:
             self.resume_redis()  # a paused server cannot answer the processes' goodbyes
         for api in self.apis:
             stop_service(api)
@@ -173,8 +190,15 @@ class Cluster:
 
 
 def start_cluster(log_dir: Path, model_dir: Path, workers: int, worker_env: dict[str, str] | None = None,
-                  api_env: dict[str, str] | None = None, webhook_workers: int = 0) -> Cluster:
-    server = EmbeddedRedis(log_dir / "redis", appendfsync="always").start()
+                  api_env: dict[str, str] | None = None, webhook_workers: int = 0,
+                  replicas: int | None = None) -> Cluster:
+    """`replicas`: None, one valkey-server; else a Redis Cluster of 3 primaries with that many
+    replicas each."""
+    server: EmbeddedRedis | LocalCluster
+    if replicas is None:
+        server = EmbeddedRedis(log_dir / "redis", appendfsync="always").start()
+    else:
+        server = LocalCluster(log_dir / "redis", nodes=3, replicas=replicas, appendfsync="always").start()
     # Fleet's async client is not used: this suite talks to Redis synchronously (Cluster.redis).
     fleet = new_fleet(None, server.url, model_dir, log_dir)  # type: ignore[arg-type]
     fleet.env.update(worker_env or {})

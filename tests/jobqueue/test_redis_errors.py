@@ -29,6 +29,9 @@ TRANSIENT = [
     rx.ResponseError("BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN."),
     rx.ResponseError("MISCONF Redis is configured to save RDB snapshots, but it's unable to persist."),
     rx.ResponseError("NOREPLICAS Not enough good replicas to write."),
+    # A worker's XREADGROUP BLOCK on a primary that a manual CLUSTER FAILOVER demotes:
+    rx.ResponseError("UNBLOCKED force unblock from blocking operation, instance state changed "
+                     "(master -> replica?)"),
 ]
 PERMANENT = [
     rx.AuthenticationError("invalid username-password pair or user is disabled."),

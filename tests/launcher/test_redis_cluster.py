@@ -9,7 +9,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
-from conveyor.jobqueue.client import is_cluster, make_client, rq_url, split_url
+from conveyor.jobqueue.client import is_cluster, make_client, make_sync_client, rq_url, split_url
 from conveyor.jobqueue.pubsub.publish import live_publish_command
 from conveyor.launcher.redis_cluster import LocalCluster
 from conveyor.launcher.redis_server import EmbeddedRedis
@@ -72,3 +72,31 @@ async def test_the_cluster_refuses_a_script_that_publishes_to_another_slot(clust
     with pytest.raises(Exception, match="non local key|CROSSSLOT"):
         await script(keys=["k:{job1}"], args=["k:{job2}:live"])
     await client.aclose()
+
+
+def test_a_cluster_with_replicas_fails_over_by_hand_and_when_a_primary_dies(tmp_path: Path) -> None:
+    """3 primaries + 3 replicas: what the failover fault tests (tests/faults/test_cluster_faults.py)
+    rely on. A manual failover swaps the roles; a SIGKILLed primary's replica takes over, and the
+    dead node, restarted, rejoins as a replica; writes are served again each time."""
+    with LocalCluster(tmp_path, nodes=3, replicas=1) as cluster:
+        assert len(cluster.primary_nodes()) == 3 and len(cluster.live()) == 6
+        client = make_sync_client(Settings(redis_url=cluster.url), decode_responses=True)
+        client.set("k:{a}", "1")
+        owner = cluster.owner_of("k:{a}")
+        replica = cluster.replica_of(owner)
+        cluster.failover(replica)
+        cluster.wait_ok()
+        assert cluster.role(owner) == "slave" and cluster.role(replica) == "master"
+
+        cluster.kill(replica)
+        cluster.wait_ok()
+        assert cluster.role(owner) == "master"
+        restarted = cluster.restart(replica)
+        cluster.wait_ok()
+        assert cluster.role(restarted) == "slave"
+        client.close()
+        client = make_sync_client(Settings(redis_url=cluster.url), decode_responses=True)
+        assert client.get("k:{a}") == "1"
+        client.set("k:{a}", "2")
+        client.close()
+

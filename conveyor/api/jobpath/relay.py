@@ -20,16 +20,18 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import RedisClusterException, RedisError
 
 from conveyor.api.errors import ValidationError
 from conveyor.jobqueue.keys import Keys, event_entry_id
 from conveyor.jobqueue.pubsub.sharded import subscriptions_for
 from conveyor.jobqueue.pubsub.subscriptions import Listener, Signal
+from conveyor.jobqueue.redis_errors import is_transient
 from conveyor.wire.job import JobEvent
 
 KEEPALIVE_S = 15.0
 OUTAGE_TIMEOUT_S = 30.0  # a stream waits this long for a lost Redis to come back, then ends with an error
+RETRY_FIRST_S, RETRY_MAX_S = 0.05, 1.0  # backoff of a backlog read that Redis refused for a moment
 MAX_INDEX = 2**62  # entry ids are 0-(index+1): an index past this names no event
 
 
@@ -135,7 +137,7 @@ class Relay:
                 listener.overflowed = False
                 keepalive_at = self._keepalive_at()
                 while not listener.overflowed:
-                    item = await self._next(listener, keepalive_at)
+                    item = await self._next(channel, listener, keepalive_at)
                     if item is None:
                         yield None
                         keepalive_at = self._keepalive_at()
@@ -166,21 +168,32 @@ class Relay:
         return time.monotonic() + self.keepalive_s if self.keepalive_s > 0 else math.inf
 
     async def _backlog(self, job_id: str, after: int) -> Backlog:
-        try:
-            return await self.backlog(job_id, after)
-        except (RedisConnectionError, RedisTimeoutError) as exc:
-            if isinstance(exc, StreamInterrupted):
+        """`backlog`, read again while Redis cannot serve for a moment (a node restarting, a cluster
+        failing over: CLUSTERDOWN, LOADING, a lost connection), for at most the outage timeout."""
+        deadline = time.monotonic() + self.outage_timeout
+        delay = RETRY_FIRST_S
+        while True:
+            try:
+                return await self.backlog(job_id, after)
+            except StreamInterrupted:
                 raise
-            raise StreamInterrupted(f"the event stream of job {job_id} cannot be read ({exc}): "
-                                    f"resume with Last-Event-ID: {after}") from exc
+            except (RedisError, RedisClusterException, OSError) as exc:
+                if not is_transient(exc):
+                    raise
+                if time.monotonic() + delay > deadline:
+                    raise StreamInterrupted(f"the event stream of job {job_id} cannot be read ({exc}): "
+                                            f"resume with Last-Event-ID: {after}") from exc
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, RETRY_MAX_S)
 
-    async def _next(self, listener: Listener, keepalive_at: float) -> JobEvent | Signal | None:
+    async def _next(self, channel: str, listener: Listener, keepalive_at: float) -> JobEvent | Signal | None:
         """The listener's next event or RESYNC; None when a keep-alive is due. While the connection
-        is lost, waits for it at most `outage_timeout`, then raises StreamInterrupted."""
+        that carries the channel is lost, waits for it (or for the channel to move to a node that
+        took over, on a cluster) at most `outage_timeout`, then raises StreamInterrupted."""
         while True:
             now = time.monotonic()
             timeout = keepalive_at - now
-            down_since = self.subscriptions.down_since
+            down_since = self.subscriptions.down_since_for(channel)
             if down_since is not None:
                 left = down_since + self.outage_timeout - now
                 if left <= 0:

@@ -1,25 +1,42 @@
-"""The relay's live events on Redis Cluster: sharded pub/sub, one connection per node.
+"""The relay's live events on Redis Cluster: sharded pub/sub, one connection per primary, and what
+moves when the cluster's topology does.
 
 A job's channel is a shard channel (SPUBLISH, conveyor/jobqueue/pubsub/publish.py), delivered only by
-the node that owns its hash slot, so the relay needs a connection to each node it has listeners on.
-redis-py's ClusterPubSub keeps one such connection per node too, but reads them in turn, each with
-the timeout given (an event on the third node waits out the first two); here each node's connection
-is one `Subscriptions` (conveyor/jobqueue/pubsub/subscriptions.py) with its own reader, so the
-reconnect, resync and liveness logic is the same as on one server. Channels are routed by redis-py's slot map
+the node that serves its hash slot, so the relay needs a connection to each such node. redis-py's
+ClusterPubSub keeps one such connection per node too, but reads them in turn, each with the timeout
+given (an event on the third node waits out the first two); here each node's connection is one
+`Subscriptions` (conveyor/jobqueue/pubsub/subscriptions.py) with its own reader, so the reconnect,
+resync and liveness logic is the same as on one server. Channels are routed by redis-py's slot map
 (`RedisCluster.get_node_from_key`) when their first listener comes.
+
+A failover moves slots to another node: the old primary says so (a `sunsubscribe` of each channel
+whose slot it lost, or MOVED in answer to SSUBSCRIBE), or dies and stays unreachable. Either way the
+topology is read again (redis-py's nodes manager, which the api's other commands share), each
+channel whose slot moved goes with its listeners to the node that serves it now (they RESYNC from
+the job's event stream there), and the connections of nodes that are no longer primaries are
+closed, so `down_since` (readiness) counts only the nodes that serve slots now.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from collections.abc import Callable
+from contextlib import suppress
 
 from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.exceptions import RedisError
 
 from conveyor.jobqueue.pubsub.subscriptions import Listener, Subscriptions
 from conveyor.wire.job import JobEvent
 
+log = logging.getLogger("conveyor.api.jobpath.relay")
+
 OnEvent = Callable[[JobEvent], object] | None
+LOST_BOUND_S = 1.0  # a node unreachable this long: ask the cluster whether a replica took its slots
+REFRESH_EVERY_S = 0.5  # the topology is read at most this often
 
 
 def node_client(node: ClusterNode) -> Redis:
@@ -33,9 +50,13 @@ class ShardedSubscriptions:
         self._cluster = cluster
         self._control = control_channel
         self._on_event = on_event
-        self._nodes: dict[str, Subscriptions] = {}  # node name → its connection
-        self._clients: list[Redis] = []
-        self._routes: dict[str, Subscriptions] = {}  # channel → the node's connection it lives on
+        self._nodes: dict[str, Subscriptions] = {}  # primary's name → its connection
+        self._clients: dict[str, Redis] = {}
+        self._routes: dict[str, str] = {}  # channel → the name of the node it is subscribed on
+        self._moved: set[str] = set()  # channels a node said it does not serve
+        self._refresh_wanted = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.refreshes = 0  # topology reads that the relay asked for
 
     @property
     def num_listeners(self) -> int:
@@ -43,53 +64,124 @@ class ShardedSubscriptions:
 
     @property
     def down_since(self) -> float | None:
-        """The earliest lost connection of any node (a node down leaves the cluster failing anyway)."""
+        """The earliest lost connection of a node that serves slots now (a node whose replica took
+        over is dropped at the next topology read)."""
         downs = [s.down_since for s in self._nodes.values() if s.down_since is not None]
         return min(downs) if downs else None
+
+    def down_since_for(self, channel: str) -> float | None:
+        name = self._routes.get(channel)
+        return None if name is None else self._nodes[name].down_since
 
     @property
     def reconnects(self) -> int:
         return sum(s.reconnects for s in self._nodes.values())
 
     def confirmed(self, channel: str) -> bool:
-        route = self._routes.get(channel)
-        return route is not None and route.confirmed(channel)
+        name = self._routes.get(channel)
+        return name is not None and self._nodes[name].confirmed(channel)
 
     async def start(self) -> None:
         await self._cluster.initialize()
         for node in self._cluster.get_primaries():
             await self._node(node)
+        self._task = asyncio.create_task(self._watch(), name="relay-topology")
 
     async def stop(self) -> None:
-        for subscriptions in self._nodes.values():
-            await subscriptions.stop()
-        for client in self._clients:
-            await client.aclose()
+        if self._task is not None:
+            self._task.cancel()
+            with suppress(asyncio.CancelledError):
+                await self._task
+        for name in list(self._nodes):
+            await self._drop(name)
 
     async def _node(self, node: ClusterNode) -> Subscriptions:
         subscriptions = self._nodes.get(node.name)
         if subscriptions is None:
             client = node_client(node)
-            self._clients.append(client)
-            subscriptions = Subscriptions(client, self._control, self._on_event, sharded=True)
-            self._nodes[node.name] = subscriptions
-            await subscriptions.start()
+            subscriptions = Subscriptions(client, self._control, self._on_event, sharded=True,
+                                          on_moved=self._on_moved)
+            try:
+                await subscriptions.start()
+            except BaseException:
+                await subscriptions.stop()
+                await client.aclose()
+                raise
+            self._nodes[node.name], self._clients[node.name] = subscriptions, client
         return subscriptions
 
+    async def _drop(self, name: str) -> None:
+        await self._nodes.pop(name).stop()
+        await self._clients.pop(name).aclose()
+
     async def add(self, channel: str, listener: Listener) -> None:
-        route = self._routes.get(channel)
-        if route is None:
-            route = await self._node(self._cluster.get_node_from_key(channel))
-            self._routes[channel] = route
-        await route.add(channel, listener)
+        name = self._routes.get(channel)
+        if name is None:
+            node = self._cluster.get_node_from_key(channel)
+            await self._node(node)
+            name = self._routes.setdefault(channel, node.name)
+        await self._nodes[name].add(channel, listener)
 
     def remove(self, channel: str, listener: Listener) -> None:
-        route = self._routes.get(channel)
-        if route is None:
+        name = self._routes.get(channel)
+        if name is None:
             return
-        route.remove(channel, listener)
-        if not route.has_listeners(channel):
+        self._nodes[name].remove(channel, listener)
+        if not self._nodes[name].has_listeners(channel):
             del self._routes[channel]
+
+    def _on_moved(self, channels: list[str]) -> None:
+        self._moved.update(channels)
+        self._refresh_wanted.set()
+
+    async def _watch(self) -> None:
+        """Reads the topology when a node said a channel moved, or a node stays unreachable."""
+        while True:
+            with suppress(TimeoutError):
+                async with asyncio.timeout(REFRESH_EVERY_S):
+                    await self._refresh_wanted.wait()
+            now = time.monotonic()
+            lost = [name for name, s in self._nodes.items()
+                    if s.down_since is not None and now - s.down_since > LOST_BOUND_S]
+            if not (self._refresh_wanted.is_set() or self._moved or lost):
+                continue
+            self._refresh_wanted.clear()
+            try:
+                await self.refresh()
+            except Exception as exc:  # noqa: BLE001 (the loop must outlive any one failed read)
+                log.warning("relay: could not read the cluster's topology (%s: %s); trying again",
+                            type(exc).__name__, exc)
+            await asyncio.sleep(REFRESH_EVERY_S)
+
+    async def refresh(self) -> None:
+        """Reads the topology, connects to new primaries, moves each channel whose slot moved (or
+        that its node refused) to the node that serves it now, and drops non-primaries."""
+        await self._cluster.nodes_manager.initialize()
+        self.refreshes += 1
+        primaries = {node.name: node for node in self._cluster.get_primaries()}
+        for node in primaries.values():
+            try:
+                await self._node(node)
+            except (RedisError, OSError) as exc:  # just promoted, or away: the next read tries again
+                log.warning("relay: cannot subscribe on primary %s yet (%s)", node.name, exc)
+        moved, self._moved = self._moved, set()
+        for channel, name in list(self._routes.items()):
+            owner = self._cluster.get_node_from_key(channel).name
+            if owner == name and channel not in moved:
+                continue
+            if owner not in self._nodes:
+                self._moved.add(channel)  # not connected to its node yet: at the next read
+                continue
+            log.info("relay: %s moves from %s to %s", channel, name, owner)
+            listeners = self._nodes[name].detach(channel)
+            if listeners:
+                self._routes[channel] = owner
+                self._nodes[owner].adopt(channel, listeners)
+            else:
+                del self._routes[channel]
+        for name in set(self._nodes) - set(primaries) - set(self._routes.values()):
+            log.warning("relay: %s serves no slot any more; its connection is closed", name)
+            await self._drop(name)
 
 
 def subscriptions_for(redis: Redis, control_channel: str,
@@ -98,4 +190,3 @@ def subscriptions_for(redis: Redis, control_channel: str,
     if isinstance(redis, RedisCluster):
         return ShardedSubscriptions(redis, control_channel, on_event)
     return Subscriptions(redis, control_channel, on_event)
-

@@ -11,7 +11,10 @@ since when (the relay ends streams that wait longer than its outage timeout).
 
 `sharded`: the job channels are shard channels (SSUBSCRIBE, on Redis Cluster), this connection one
 node's; conveyor/jobqueue/pubsub/sharded.py keeps one such Subscriptions per node. The control channel
-stays classic.
+stays classic. A node that stops serving a channel says so (a `sunsubscribe` it sends when a failover
+takes its slots, or MOVED in answer to SSUBSCRIBE): `on_moved` is told, and the channel's listeners
+are then moved (`detach` here, `adopt` on the node that serves it now, which sends them RESYNC once
+it confirms the channel).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from redis.asyncio.cluster import ClusterPubSub
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from conveyor.wire.job import JobEvent
 
@@ -79,7 +82,8 @@ def dedicated(redis: Redis) -> Redis:
 
 class Subscriptions:
     def __init__(self, redis: Redis, control_channel: str,
-                 on_event: Callable[[JobEvent], object] | None = None, sharded: bool = False) -> None:
+                 on_event: Callable[[JobEvent], object] | None = None, sharded: bool = False,
+                 on_moved: Callable[[list[str]], object] | None = None) -> None:
         self._redis = dedicated(redis)
         self._pubsub = self._redis.pubsub()
         self._sharded = sharded
@@ -89,8 +93,10 @@ class Subscriptions:
                 ClusterPubSub._resubscribe_shard_channels, self._pubsub)
         self._control = control_channel  # always subscribed: a pub/sub connection needs one to be read
         self._on_event = on_event
+        self._on_moved = on_moved  # channels this node says it does not serve (sharded)
         self._listeners: dict[str, set[Listener]] = {}
         self._confirmed: dict[str, asyncio.Event] = {}  # channel → set once the server confirmed it
+        self._adopted: set[str] = set()  # moved here: RESYNC its listeners once confirmed
         self._lock = asyncio.Lock()  # orders the commands sent on the one connection
         self._background: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
@@ -105,6 +111,10 @@ class Subscriptions:
 
     def has_listeners(self, channel: str) -> bool:
         return bool(self._listeners.get(channel))
+
+    def down_since_for(self, channel: str) -> float | None:
+        """Since when the connection that carries `channel` is lost (None: it is not)."""
+        return self.down_since
 
     def confirmed(self, channel: str) -> bool:
         event = self._confirmed.get(channel)
@@ -151,10 +161,35 @@ class Subscriptions:
             del self._listeners[channel]
             self._later(self._sync(channel))
 
+    def detach(self, channel: str) -> set[Listener]:
+        """Takes the channel's listeners away (this node no longer serves it), without a command to a
+        node that may be gone; an `add` waiting for this node's confirmation returns (the node that
+        adopts the listeners sends them RESYNC)."""
+        listeners = self._listeners.pop(channel, set())
+        confirmed = self._confirmed.pop(channel, None)
+        if confirmed is not None:
+            confirmed.set()
+        self._adopted.discard(channel)
+        self._held().pop(channel, None)  # not subscribed again by a reconnect
+        return listeners
+
+    def adopt(self, channel: str, listeners: set[Listener]) -> None:
+        """Listeners moved from another node: subscribed here, then told RESYNC (whatever was
+        published while they moved is in the job's event stream). Never awaits."""
+        self._listeners.setdefault(channel, set()).update(listeners)
+        self._adopted.add(channel)
+        self._later(self._sync(channel))
+
     def _later(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)
         self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            # A reconnect subscribes every wanted channel again (_heard).
+            log.warning("relay: a background (un)subscribe failed (%s: %s)", type(exc).__name__, exc)
 
     async def _sync(self, channel: str) -> None:
         """Subscribes or unsubscribes the channel as its listeners now need; serialized, and decided
@@ -186,6 +221,9 @@ class Subscriptions:
                 if message is None:
                     await self._check_alive()
                     continue
+            except ResponseError as exc:  # an answer, not a lost connection
+                self._refused(exc)
+                continue
             except (RedisError, OSError) as exc:
                 self._lost(exc)
                 await asyncio.sleep(backoff)
@@ -217,6 +255,14 @@ class Subscriptions:
             for listener in listeners:
                 listener.put(Signal.DOWN)
 
+    def _refused(self, exc: ResponseError) -> None:
+        """The node refused a command: on a cluster, an SSUBSCRIBE of a slot it does not serve (MOVED)
+        or while the cluster is down; the channels it has not confirmed are to be placed again."""
+        unconfirmed = [c for c, event in self._confirmed.items() if not event.is_set()]
+        log.warning("relay: Redis refused a subscription (%s) of %s", exc, unconfirmed or "no channel")
+        if self._on_moved is not None and unconfirmed:
+            self._on_moved(unconfirmed)
+
     def _heard(self, message: dict[str, Any]) -> None:
         self._heard_at = time.monotonic()
         self._ping_sent_at = None
@@ -224,11 +270,15 @@ class Subscriptions:
             log.warning("relay: reconnected to Redis after %.1f s", self._heard_at - self.down_since)
             self.down_since = None
             self.reconnects += 1
+            for wanted in [c for c in self._listeners if c not in self._confirmed]:
+                self._later(self._sync(wanted))  # its subscribe failed while the node was away
         kind, channel = message["type"], message["channel"]
         if kind in ("subscribe", "ssubscribe") and channel != self._control:
             self._on_subscribe(channel)
         elif kind in ("message", "smessage"):
             self._deliver(channel, message["data"])
+        elif kind == "sunsubscribe" and channel in self._confirmed and self._on_moved is not None:
+            self._on_moved([channel])  # not asked for (_sync forgets a channel first): its slot moved
 
     def _on_subscribe(self, channel: str) -> None:
         confirmed = self._confirmed.get(channel)
@@ -236,6 +286,10 @@ class Subscriptions:
             self._later(self._sync(channel))
         elif not confirmed.is_set():
             confirmed.set()
+            if channel in self._adopted:
+                self._adopted.discard(channel)
+                for listener in self._listeners.get(channel, ()):
+                    listener.put(Signal.RESYNC)
         else:  # confirmed before: a reconnect, and what was published meanwhile was missed
             for listener in self._listeners.get(channel, ()):
                 listener.put(Signal.RESYNC)

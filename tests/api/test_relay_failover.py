@@ -1,0 +1,158 @@
+"""The relay through a cluster failover: 3 primaries + 3 replicas on loopback (LocalCluster), streams
+open on jobs in every primary's slots, one primary failed over by hand or SIGKILLed (its replica
+promoted). Every stream goes on to its final event with no gap and no duplicate, and the relay ends
+up connected to the primaries alone. Events are written as a worker writes them (XADD to the job's
+event stream, then SPUBLISH). The first test needs no cluster: listeners moved between two
+connections."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from conveyor.api.jobpath.relay import Relay
+from conveyor.api.redis_pool import api_redis
+from conveyor.jobqueue.keys import Keys, event_entry_id
+from conveyor.jobqueue.pubsub.sharded import ShardedSubscriptions
+from conveyor.jobqueue.pubsub.subscriptions import Listener, Signal, Subscriptions
+from conveyor.launcher.redis_cluster import LocalCluster
+from conveyor.launcher.redis_server import EmbeddedRedis
+from conveyor.settings import Settings
+from tests.api.test_relay import collect, wait_until
+from tests.api.test_relay_faults import event
+
+KEYS = Keys("relayfailover")
+JOBS = [f"j{i}" for i in range(12)]
+
+
+async def write(redis: Redis, job_id: str, indices: range, final_at: int = -1) -> None:
+    """Each event as the worker writes it, retried while the cluster fails over (as the worker's
+    outage handling does); an event is never written twice (its entry id is its index)."""
+    for i in indices:
+        data = event(i, final=i == final_at)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if not await redis.xrange(KEYS.events(job_id), min=event_entry_id(i), max=event_entry_id(i)):
+                    await redis.xadd(KEYS.events(job_id), {"e": data}, id=event_entry_id(i))
+                await redis.spublish(KEYS.channel(job_id), data)
+                break
+            except RedisError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.1)
+
+
+async def test_listeners_moved_to_another_connection_resync_once_it_confirms(tmp_path: Path) -> None:
+    """What a move does, on one server: `detach` hands the listeners over without a command,
+    `adopt` subscribes them on the other connection and sends RESYNC once it is confirmed."""
+    with EmbeddedRedis(tmp_path / "redis") as server:
+        redis = Redis.from_url(server.url, decode_responses=True)
+        old, new = Subscriptions(redis, "ctl"), Subscriptions(redis, "ctl")
+        await old.start()
+        await new.start()
+        listener = Listener()
+        try:
+            await old.add("ch", listener)
+            moved = old.detach("ch")
+            assert moved == {listener} and not old.has_listeners("ch")
+            new.adopt("ch", moved)
+            assert await asyncio.wait_for(listener.queue.get(), 10) is Signal.RESYNC
+            assert new.confirmed("ch")
+            await redis.publish("ch", event(0))
+            assert (await asyncio.wait_for(listener.queue.get(), 10)).index == 0  # type: ignore[union-attr]
+        finally:
+            await old.stop()
+            await new.stop()
+            await redis.aclose()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    with LocalCluster(tmp_path, nodes=3, replicas=1, appendfsync="always") as running:
+        yield running
+
+
+@pytest.fixture
+async def relay(cluster: LocalCluster) -> AsyncIterator[Relay]:
+    relay = Relay(api_redis(Settings(redis_url=cluster.url)), KEYS)
+    await relay.start()
+    yield relay
+    await relay.stop()
+    await relay.redis.aclose()
+
+
+async def streams_under_way(relay: Relay) -> tuple[dict[str, list[int]], list[asyncio.Task]]:
+    seen: dict[str, list[int]] = {job: [] for job in JOBS}
+    readers = [asyncio.create_task(collect(relay, job, into=seen[job])) for job in JOBS]
+    await wait_until(lambda: all(relay.subscribed(job) for job in JOBS))
+    await asyncio.gather(*(write(relay.redis, job, range(5)) for job in JOBS))
+    await wait_until(lambda: all(s == list(range(5)) for s in seen.values()))
+    return seen, readers
+
+
+async def streams_end(relay: Relay, readers: list[asyncio.Task]) -> None:
+    await asyncio.gather(*(write(relay.redis, job, range(5, 10), final_at=9) for job in JOBS))
+    for job, reader in zip(JOBS, readers, strict=True):
+        events = await asyncio.wait_for(reader, 60)
+        assert [e.index for e in events] == list(range(10)) and events[-1].final, job
+
+
+def primaries_of(relay: Relay) -> set[str]:
+    subscriptions = relay.subscriptions
+    assert isinstance(subscriptions, ShardedSubscriptions)
+    return set(subscriptions._nodes)
+
+
+async def test_streams_follow_a_manual_failover(cluster: LocalCluster, relay: Relay) -> None:
+    _seen, readers = await streams_under_way(relay)
+    owner = cluster.owner_of(KEYS.channel(JOBS[0]))
+    promoted = cluster.replica_of(owner)
+    await asyncio.to_thread(cluster.failover, promoted)  # the old primary sunsubscribes its channels
+    await streams_end(relay, readers)
+    await wait_until(lambda: f"127.0.0.1:{owner.port}" not in primaries_of(relay))
+    assert f"127.0.0.1:{promoted.port}" in primaries_of(relay) and relay.stats.resyncs >= 1
+    assert relay.subscriptions.down_since is None and relay.num_clients == 0
+
+
+async def test_streams_follow_a_primary_killed_and_its_replica_promoted(
+        cluster: LocalCluster, relay: Relay) -> None:
+    _seen, readers = await streams_under_way(relay)
+    owner = cluster.owner_of(KEYS.channel(JOBS[0]))
+    promoted = cluster.replica_of(owner)
+    with cluster.client(owner) as client:
+        client.execute_command("WAIT", 1, 5000)  # replication is asynchronous: nothing in flight
+    cluster.kill(owner)
+    await wait_until(lambda: relay.subscriptions.down_since is not None)  # /ready: not ready
+    await asyncio.to_thread(cluster.wait_ok)
+    # Within a topology read of the promotion, the dead node is no longer counted.
+    await wait_until(lambda: relay.subscriptions.down_since is None, timeout=10)
+    assert primaries_of(relay) == {f"127.0.0.1:{n.port}" for n in cluster.primary_nodes()}
+    assert f"127.0.0.1:{promoted.port}" in primaries_of(relay)
+    await streams_end(relay, readers)
+    later = asyncio.create_task(collect(relay, "after"))  # a new stream on the new topology
+    await wait_until(lambda: relay.subscribed("after"))
+    await write(relay.redis, "after", range(3), final_at=2)
+    assert [e.index for e in await asyncio.wait_for(later, 30)] == [0, 1, 2]
+
+
+async def test_a_subscription_refused_with_moved_goes_to_the_node_that_serves_it(
+        cluster: LocalCluster, relay: Relay) -> None:
+    """A channel routed by a stale slot map: the node answers SSUBSCRIBE with MOVED, the relay reads
+    the topology again and subscribes the channel where its slot is; the stream misses nothing."""
+    subscriptions = relay.subscriptions
+    assert isinstance(subscriptions, ShardedSubscriptions)
+    channel = KEYS.channel("stale")
+    owner = f"127.0.0.1:{cluster.owner_of(channel).port}"
+    subscriptions._routes[channel] = next(name for name in subscriptions._nodes if name != owner)
+    reader = asyncio.create_task(collect(relay, "stale"))
+    await wait_until(lambda: subscriptions._routes.get(channel) == owner and relay.subscribed("stale"))
+    await write(relay.redis, "stale", range(3), final_at=2)
+    assert [e.index for e in await asyncio.wait_for(reader, 30)] == [0, 1, 2]
+    assert subscriptions.refreshes >= 1
