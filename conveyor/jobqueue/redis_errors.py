@@ -41,6 +41,25 @@ _TRANSIENT_CLASSES: tuple[type[BaseException], ...] = (
 )
 
 
+def error_code(exc: BaseException) -> str:
+    """The server's error code (`OOM`, `CLUSTERDOWN`, ...) or, for an error of the connection, its
+    class (`ConnectionError`, `TimeoutError`): a bounded label for metrics."""
+    code = getattr(exc, "status_code", None) or _CODES.get(type(exc))
+    if code:
+        return str(code)
+    if isinstance(exc, rx.ResponseError) and _prefix(exc).isupper():
+        return _prefix(exc)
+    return type(exc).__name__
+
+
+# redis-py's class of each server error code (what redis-py < 8 does not keep on the error itself).
+_CODES: dict[type[BaseException], str] = {
+    rx.OutOfMemoryError: "OOM", rx.BusyLoadingError: "LOADING", rx.ReadOnlyError: "READONLY",
+    rx.ClusterDownError: "CLUSTERDOWN", rx.MasterDownError: "MASTERDOWN", rx.TryAgainError: "TRYAGAIN",
+    rx.MovedError: "MOVED", rx.AskError: "ASK", rx.ExecAbortError: "EXECABORT",
+}
+
+
 def _prefix(exc: BaseException) -> str:
     """The server's error code: `OOM`, `BUSY`, ... (redis-py >= 8 parses it, also out of a script's
     error; older ones leave it as the message's first word)."""

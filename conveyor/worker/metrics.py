@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from conveyor.engine.engine import StepInfo
+from conveyor.jobqueue.redis_errors import error_code
 from conveyor.telemetry.prom import new_registry
 from conveyor.wire.heartbeat import EngineLoad
 from conveyor.wire.job import JobResult, JobStatus
@@ -95,12 +96,18 @@ class WorkerMetrics:
                                      registry=r)
         self.webhooks = Counter("conveyor_webhooks_enqueued", "Webhooks handed to the webhook queue",
                                 ["event"], registry=r)
+        self.redis_errors = Counter("conveyor_redis_errors", "Transient Redis errors this worker waited "
+                                    "out, by code (OOM, CLUSTERDOWN, READONLY, ConnectionError, ...): a "
+                                    "rising count means Redis is degraded", ["code"], registry=r)
         self.placement = Counter("conveyor_jobs_placed", "Jobs read from the queue, by placement outcome "
                                  "(affinity_hit: from this worker's own stream, stolen: from another's, "
                                  "shared: from the shared bands)", ["outcome"], registry=r)
         for outcome in ("affinity_hit", "stolen", "shared"):
             self.placement.labels(outcome)
         r.register(_Engine(stats, jobs, block_size))
+
+    def redis_error(self, exc: BaseException) -> None:
+        self.redis_errors.labels(error_code(exc)).inc()
 
     def placed(self, outcome: str) -> None:
         self.placement.labels(outcome).inc()

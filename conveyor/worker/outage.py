@@ -69,10 +69,12 @@ class RedisMisconfigured(RuntimeError):
     """A permanent Redis error: retrying cannot help, the message names the fix."""
 
 
-async def until_up(name: str, attempt: Callable[[], Awaitable[T]], cap: float) -> T:
+async def until_up(name: str, attempt: Callable[[], Awaitable[T]], cap: float,
+                   on_error: Callable[[BaseException], object] | None = None) -> T:
     """Run `attempt` until it returns, waiting between tries while Redis cannot serve (a transient
-    error). A try that ran for longer than `cap` before it failed begins a new outage (logged anew,
-    backoff reset). A permanent Redis error raises RedisMisconfigured."""
+    error, each one also handed to `on_error`: the worker's metrics). A try that ran for longer than
+    `cap` before it failed begins a new outage (logged anew, backoff reset). A permanent Redis error
+    raises RedisMisconfigured."""
     backoff = Backoff(cap)
     down_since: float | None = None
     while True:
@@ -84,6 +86,8 @@ async def until_up(name: str, attempt: Callable[[], Awaitable[T]], cap: float) -
                 if is_redis_error(exc):
                     raise RedisMisconfigured(f"{name}: Redis answered {exc!r}: {fix_for(exc)}") from exc
                 raise
+            if on_error is not None:
+                on_error(exc)
             now = time.monotonic()
             if down_since is None or now - began > cap:
                 down_since, backoff = now, Backoff(cap)

@@ -21,13 +21,15 @@ log = logging.getLogger(__name__)
 
 class PublishLoop:
     def __init__(self, publisher: Publisher, owned: Owned, outputs: asyncio.Queue[StepOutput],
-                 room: asyncio.Event, lose: Callable[[InFlight], None], outage_cap: float) -> None:
+                 room: asyncio.Event, lose: Callable[[InFlight], None], outage_cap: float,
+                 on_redis_error: Callable[[BaseException], object] | None = None) -> None:
         self.publisher = publisher
         self.owned = owned
         self.outputs = outputs
         self.room = room  # set after each step's output: the engine may have room again
         self.lose = lose
         self.outage_cap = outage_cap
+        self.on_redis_error = on_redis_error
 
     async def run(self) -> None:
         while True:
@@ -48,7 +50,8 @@ class PublishLoop:
             self.room.set()
 
     async def _publish(self, items: list[tuple[InFlight, JobEvent]]) -> None:
-        published = await until_up("publish", lambda: self.publisher.publish(items), self.outage_cap)
+        published = await until_up("publish", lambda: self.publisher.publish(items), self.outage_cap,
+                                   self.on_redis_error)
         for job in published.ended:
             self.owned.forget(job.job_id)
         for job in published.lost:

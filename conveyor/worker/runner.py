@@ -111,7 +111,7 @@ class Worker:
                                       self.settings.band_starvation_every, self.affinity),
                           self.affinity, self.metrics.placed)
         publisher = PublishLoop(self.publisher, self.owned, self._outputs, reader.room, self._lose,
-                                self.outage_cap)
+                                self.outage_cap, self.metrics.redis_error)
         control = ControlLoop(self.redis, self.keys, self.owned, self._thread)
         leases = LeaseLoop(self.lease, self.owned, self._thread, control, reader.admit, self.info,
                            self.observer, self._lose, self._is_draining,
@@ -178,7 +178,7 @@ class Worker:
 
     async def _guard(self, name: str, loop: Callable[[], Awaitable[None]]) -> None:
         """Runs a loop; while Redis is unreachable, restarts it (after a backoff) instead of dying."""
-        await until_up(name, loop, self.outage_cap)
+        await until_up(name, loop, self.outage_cap, self.metrics.redis_error)
 
     def _lose(self, job: InFlight) -> None:
         """Another worker owns the job now (this one hung past its lease): stop running it."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from redis import exceptions as rx
 
+from conveyor.jobqueue.redis_errors import error_code
 from conveyor.worker.outage import RedisMisconfigured, until_up
 
 
@@ -22,12 +23,15 @@ def failing(*errors: BaseException):  # type: ignore[no-untyped-def]
     return attempt
 
 
-async def test_transient_errors_are_waited_out() -> None:
+async def test_transient_errors_are_waited_out_and_reported() -> None:
+    seen: list[BaseException] = []
     attempt = failing(rx.OutOfMemoryError("command not allowed when used memory > 'maxmemory'."),
                       rx.ClusterDownError("The cluster is down"), rx.ReadOnlyError("read only replica"),
                       rx.BusyLoadingError("loading"), rx.ResponseError("BUSY Redis is busy running a script"),
                       rx.ConnectionError("Connection closed by server."))
-    assert await until_up("test", attempt, cap=0.01) == 7
+    assert await until_up("test", attempt, cap=0.01, on_error=seen.append) == 7
+    assert [error_code(exc) for exc in seen] == ["OOM", "CLUSTERDOWN", "READONLY", "LOADING", "BUSY",
+                                                 "ConnectionError"]
 
 
 async def test_a_permanent_error_stops_with_its_fix() -> None:
