@@ -19,6 +19,7 @@ from redis.exceptions import RedisError
 from conveyor.api.jobpath.relay import Relay
 from conveyor.api.redis_pool import api_redis
 from conveyor.jobqueue.keys import Keys, event_entry_id
+from conveyor.jobqueue.pubsub import sharded
 from conveyor.jobqueue.pubsub.sharded import ShardedSubscriptions
 from conveyor.jobqueue.pubsub.subscriptions import Listener, Signal, Subscriptions
 from conveyor.launcher.redis_cluster import LocalCluster
@@ -156,3 +157,28 @@ async def test_a_subscription_refused_with_moved_goes_to_the_node_that_serves_it
     await write(relay.redis, "stale", range(3), final_at=2)
     assert [e.index for e in await asyncio.wait_for(reader, 30)] == [0, 1, 2]
     assert subscriptions.refreshes >= 1
+
+
+async def test_a_topology_read_older_than_the_move_is_read_again(
+        cluster: LocalCluster, relay: Relay, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node said a channel moved, but the topology (read from another node, not yet told of the
+    failover) still names it: the channel stays where it is and waits for a newer read, up to
+    STALE_READ_S; past that, the node is taken at its word (it refused while the cluster was down)
+    and the channel is subscribed there again, its listeners told RESYNC. The stream misses nothing."""
+    subscriptions = relay.subscriptions
+    assert isinstance(subscriptions, ShardedSubscriptions)
+    channel = KEYS.channel("held")
+    reader = asyncio.create_task(collect(relay, "held"))
+    await wait_until(lambda: relay.subscribed("held"))
+    await write(relay.redis, "held", range(2))
+    node = subscriptions._routes[channel]
+    monkeypatch.setattr(sharded, "STALE_READ_S", 3600.0)
+    subscriptions._on_moved([channel])  # as the node's sunsubscribe does
+    await subscriptions.refresh()
+    assert channel in subscriptions._moved and relay.subscribed("held") and relay.stats.resyncs == 0
+    monkeypatch.setattr(sharded, "STALE_READ_S", 0.0)
+    await wait_until(lambda: channel not in subscriptions._moved and relay.stats.resyncs >= 1)
+    assert subscriptions._routes[channel] == node
+    await wait_until(lambda: relay.subscribed("held"))
+    await write(relay.redis, "held", range(2, 4), final_at=3)
+    assert [e.index for e in await asyncio.wait_for(reader, 30)] == [0, 1, 2, 3]

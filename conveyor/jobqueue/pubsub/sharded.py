@@ -15,6 +15,11 @@ topology is read again (redis-py's nodes manager, which the api's other commands
 channel whose slot moved goes with its listeners to the node that serves it now (they RESYNC from
 the job's event stream there), and the connections of nodes that are no longer primaries are
 closed, so `down_since` (readiness) counts only the nodes that serve slots now.
+
+The topology is read from one node, which may not have heard of the failover yet: a read that still
+names as owner the node that said the channel moved is taken as stale, and the channel waits for the
+next read, up to STALE_READ_S (a node that refused a subscription while the cluster was down may
+really own the channel still: it is then subscribed there again).
 """
 
 from __future__ import annotations
@@ -27,8 +32,9 @@ from contextlib import suppress
 
 from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.exceptions import RedisError
+from redis.exceptions import ClusterDownError, RedisError
 
+from conveyor.jobqueue.pubsub.shutdown import finish_within
 from conveyor.jobqueue.pubsub.subscriptions import Listener, Subscriptions
 from conveyor.wire.job import JobEvent
 
@@ -37,6 +43,7 @@ log = logging.getLogger("conveyor.api.jobpath.relay")
 OnEvent = Callable[[JobEvent], object] | None
 LOST_BOUND_S = 1.0  # a node unreachable this long: ask the cluster whether a replica took its slots
 REFRESH_EVERY_S = 0.5  # the topology is read at most this often
+STALE_READ_S = 2.0  # a read naming a node that said it lost the channel is stale for this long
 
 
 def node_client(node: ClusterNode) -> Redis:
@@ -53,7 +60,7 @@ class ShardedSubscriptions:
         self._nodes: dict[str, Subscriptions] = {}  # primary's name → its connection
         self._clients: dict[str, Redis] = {}
         self._routes: dict[str, str] = {}  # channel → the name of the node it is subscribed on
-        self._moved: set[str] = set()  # channels a node said it does not serve
+        self._moved: dict[str, float] = {}  # channel → when its node said it does not serve it
         self._refresh_wanted = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.refreshes = 0  # topology reads that the relay asked for
@@ -90,10 +97,8 @@ class ShardedSubscriptions:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            with suppress(asyncio.CancelledError):
-                await self._task
-        for name in list(self._nodes):
-            await self._drop(name)
+            await finish_within("the topology watch", [self._task])
+        await asyncio.gather(*(self._drop(name) for name in list(self._nodes)))
 
     async def _node(self, node: ClusterNode) -> Subscriptions:
         subscriptions = self._nodes.get(node.name)
@@ -111,13 +116,16 @@ class ShardedSubscriptions:
         return subscriptions
 
     async def _drop(self, name: str) -> None:
+        client = self._clients.pop(name)
         await self._nodes.pop(name).stop()
-        await self._clients.pop(name).aclose()
+        await finish_within(f"closing the client of {name}", [client.aclose()])
 
     async def add(self, channel: str, listener: Listener) -> None:
         name = self._routes.get(channel)
         if name is None:
             node = self._cluster.get_node_from_key(channel)
+            if node is None:  # (the relay's caller answers 503 to a RedisError)
+                raise ClusterDownError(f"no node serves the slot of {channel}: the cluster is down")
             await self._node(node)
             name = self._routes.setdefault(channel, node.name)
         await self._nodes[name].add(channel, listener)
@@ -131,7 +139,9 @@ class ShardedSubscriptions:
             del self._routes[channel]
 
     def _on_moved(self, channels: list[str]) -> None:
-        self._moved.update(channels)
+        now = time.monotonic()
+        for channel in channels:
+            self._moved.setdefault(channel, now)
         self._refresh_wanted.set()
 
     async def _watch(self) -> None:
@@ -164,13 +174,17 @@ class ShardedSubscriptions:
                 await self._node(node)
             except (RedisError, OSError) as exc:  # just promoted, or away: the next read tries again
                 log.warning("relay: cannot subscribe on primary %s yet (%s)", node.name, exc)
-        moved, self._moved = self._moved, set()
+        moved, self._moved = self._moved, {}
+        now = time.monotonic()
         for channel, name in list(self._routes.items()):
-            owner = self._cluster.get_node_from_key(channel).name
+            serving = self._cluster.get_node_from_key(channel)
+            owner = None if serving is None else serving.name  # None: no node serves the slot now
             if owner == name and channel not in moved:
                 continue
-            if owner not in self._nodes:
-                self._moved.add(channel)  # not connected to its node yet: at the next read
+            said_at = moved.get(channel, now)
+            stale = owner == name and now - said_at < STALE_READ_S  # the read predates the move
+            if stale or owner is None or owner not in self._nodes:  # (or no node yet): next read
+                self._moved[channel] = said_at
                 continue
             log.info("relay: %s moves from %s to %s", channel, name, owner)
             listeners = self._nodes[name].detach(channel)
