@@ -165,6 +165,26 @@ async def test_a_paused_redis_is_noticed_and_the_stream_ends_with_an_error(
         await redis.aclose()
 
 
+async def test_the_relay_stops_while_its_redis_is_paused(server: EmbeddedRedis) -> None:
+    """A shutdown (SIGTERM in a rolling update) while Redis does not answer: stop() returns rather
+    than wait on the paused server (conveyor/jobqueue/pubsub/shutdown.py)."""
+    redis = client(server)
+    relay = Relay(redis, KEYS, outage_timeout=60.0)
+    await relay.start()
+    reader = asyncio.create_task(collect(relay, "r7"))
+    assert server.process is not None
+    try:
+        await wait_until(lambda: relay.subscribed("r7"))
+        server.process.send_signal(signal.SIGSTOP)
+        stopping = asyncio.create_task(relay.stop())
+        done, _ = await asyncio.wait({stopping}, timeout=60)  # a hang detector, not a speed bound
+        assert stopping in done and stopping.exception() is None
+    finally:
+        server.process.send_signal(signal.SIGCONT)
+        reader.cancel()
+        await redis.aclose()
+
+
 @pytest.fixture
 def api_on_own_redis(server: EmbeddedRedis, tmp_path: Path, tiny_model_dir: Path,
                      keys_file: Path) -> Iterator[RunningService]:

@@ -24,7 +24,6 @@ import enum
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from contextlib import suppress
 from dataclasses import dataclass, field
 from types import MethodType
 from typing import Any
@@ -36,6 +35,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 
+from conveyor.jobqueue.pubsub.shutdown import finish_within
 from conveyor.wire.job import JobEvent
 
 log = logging.getLogger("conveyor.api.jobpath.relay")
@@ -125,15 +125,19 @@ class Subscriptions:
         self._task = asyncio.create_task(self._read(), name="relay")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with suppress(asyncio.CancelledError):
-                await self._task
-        for task in list(self._background):
+        """Bounded (conveyor/jobqueue/pubsub/shutdown.py): the reader and the background (un)subscribes
+        are cancelled and awaited, then the connection is closed."""
+        tasks = [task for task in (self._task, *self._background) if task is not None]
+        for task in tasks:
             task.cancel()
-        with suppress(RedisError, OSError):
+        await finish_within("the pub/sub reader", tasks)
+        await finish_within("closing the pub/sub connection", [self._close()])
+
+    async def _close(self) -> None:
+        try:
             await self._pubsub.aclose()
-        await self._redis.aclose()
+        finally:
+            await self._redis.aclose()
 
     async def add(self, channel: str, listener: Listener) -> None:
         """Adds the listener; returns once the server has confirmed the channel's subscription, so
