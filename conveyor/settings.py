@@ -280,6 +280,12 @@ class Settings(BaseSettings):
         description="Seconds a worker keeps running its jobs after SIGTERM/SIGINT (it reads no new "
         "ones); what is left is handed to other workers, which resume it. A second signal exits now.",
     )
+    worker_stall_timeout: float = Field(
+        default=120.0, gt=0,
+        description="Seconds a worker's engine step loop or asyncio loop may go without progress before "
+        "its /health (on worker_metrics_port) answers 503; idle loops still progress. Longer than the "
+        "slowest engine step (a long prefill on CPU).",
+    )
 
     # --- webhooks ---------------------------------------------------------------------------
     webhook_secret: str | None = Field(

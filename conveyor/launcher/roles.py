@@ -85,8 +85,9 @@ def run_worker(settings: Settings, worker_id: str | None) -> int:
                         tracing)
         if settings.worker_metrics_port:
             prom.serve(worker.metrics.registry, settings.host, settings.worker_metrics_port,
-                       "worker_metrics_port")
-            log.info("metrics on http://%s:%d/metrics", settings.host, settings.worker_metrics_port)
+                       "worker_metrics_port", health=worker.liveness.report)
+            log.info("metrics on http://%s:%d/metrics, liveness on /health", settings.host,
+                     settings.worker_metrics_port)
         signals = 0
 
         def on_signal() -> None:

@@ -8,6 +8,7 @@ writes them as TGI does. `_created` series are off (TGI has none; they double th
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import (
@@ -53,16 +54,27 @@ def render(registry: CollectorRegistry) -> bytes:
     return text.encode()
 
 
+Health = Callable[[], tuple[int, str]]  # (HTTP status, body) of /health
+
+
 class _Handler(BaseHTTPRequestHandler):
     registry: CollectorRegistry
+    health: Health | None = None
 
     def do_GET(self) -> None:  # noqa: N802
-        if self.path.split("?", 1)[0] not in ("/metrics", "/"):
+        path = self.path.split("?", 1)[0]
+        if path == "/health" and self.health is not None:
+            status, text = self.health()
+            self._send(status, "text/plain; charset=utf-8", text.encode())
+            return
+        if path not in ("/metrics", "/"):
             self.send_error(404, "try /metrics")
             return
-        body = render(self.registry)
-        self.send_response(200)
-        self.send_header("Content-Type", CONTENT_TYPE)
+        self._send(200, CONTENT_TYPE, render(self.registry))
+
+    def _send(self, status: int, content_type: str, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -71,9 +83,11 @@ class _Handler(BaseHTTPRequestHandler):
         return
 
 
-def serve(registry: CollectorRegistry, host: str, port: int, setting: str) -> ThreadingHTTPServer:
-    """`/metrics` on host:port from a daemon thread (a worker's or webhook process's own port)."""
-    handler = type("MetricsHandler", (_Handler,), {"registry": registry})
+def serve(registry: CollectorRegistry, host: str, port: int, setting: str,
+          health: Health | None = None) -> ThreadingHTTPServer:
+    """`/metrics` on host:port from a daemon thread (a worker's or webhook process's own port), and
+    `/health` when given (a worker's liveness: conveyor/worker/liveness.py)."""
+    handler = type("MetricsHandler", (_Handler,), {"registry": registry, "health": staticmethod(health)})
     try:
         server = ThreadingHTTPServer((host, port), handler)
     except OSError as exc:

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,7 @@ from conveyor.engine.engine import Engine, StepInfo
 from conveyor.engine.events import TokenEvent
 from conveyor.engine.params import SamplingParams, StoppingParams
 from conveyor.wire.heartbeat import EngineLoad
+from conveyor.worker.liveness import IDLE_TICK
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +80,7 @@ class EngineThread:
         self._pending_adds = 0  # added but not yet seen by the engine: counts against capacity
         self._lock = threading.Lock()
         self._stopping = False
+        self._progress_at: float | None = None
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
 
     def start(self) -> None:
@@ -87,6 +90,11 @@ class EngineThread:
         self._stopping = True
         self._commands.put(None)
         self._thread.join(timeout=30)
+
+    def progress_at(self) -> float | None:
+        """Monotonic time of the step loop's last iteration (idle ones too); None before it starts
+        and once it is told to stop (a stop on purpose is no stall)."""
+        return None if self._stopping else self._progress_at
 
     def add(self, *commands: AddCommand) -> None:
         """Queue requests; the ones given together reach the engine before the same step."""
@@ -151,10 +159,15 @@ class EngineThread:
     def _run(self) -> None:
         try:
             while not self._stopping:
+                self._progress_at = time.monotonic()
                 out = StepOutput()
-                # Block for a command only when there is nothing to compute.
+                # Block for a command only when there is nothing to compute, and not for longer than
+                # IDLE_TICK: an idle loop still shows progress (conveyor/worker/liveness.py).
                 if not self.engine.has_unfinished():
-                    self._apply(self._commands.get(), out)
+                    try:
+                        self._apply(self._commands.get(timeout=IDLE_TICK), out)
+                    except queue.Empty:
+                        continue
                 while True:
                     try:
                         self._apply(self._commands.get_nowait(), out)

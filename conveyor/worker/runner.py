@@ -38,6 +38,7 @@ from conveyor.worker.engine_thread import EngineThread, StepOutput
 from conveyor.worker.intake import Intake
 from conveyor.worker.lease import Lease
 from conveyor.worker.lease_loop import LeaseLoop
+from conveyor.worker.liveness import Liveness, Ticker
 from conveyor.worker.metrics import WorkerMetrics
 from conveyor.worker.observe import Observer
 from conveyor.worker.outage import outage_cap, until_up
@@ -86,6 +87,11 @@ class Worker:
         self._thread: EngineThread | None = None
         self._crash_token = faults.crash_token()
         self._started_at = time.time()
+        # /health on the metrics port (conveyor/worker/liveness.py): both loops must make progress.
+        self._ticker = Ticker()
+        self.liveness = Liveness(settings.worker_stall_timeout)
+        self.liveness.watch("engine", self._engine_progress)
+        self.liveness.watch("asyncio", lambda: self._ticker.at)
 
     @property
     def thread(self) -> EngineThread:
@@ -125,6 +131,7 @@ class Worker:
             asyncio.create_task(publisher.run(), name="publish"),
             asyncio.create_task(self._guard("lease", leases.run), name="lease"),
             asyncio.create_task(self._guard("control", control.run), name="control"),
+            asyncio.create_task(self._ticker.run(), name="liveness"),
         ]
         stop = asyncio.create_task(self._stop.wait())
         await asyncio.wait([stop, read, *others], return_when=asyncio.FIRST_COMPLETED)
@@ -185,6 +192,9 @@ class Worker:
         log.warning("job %s was taken over by another worker: dropping it here", job.job_id)
         self.owned.forget(job.job_id)
         self.thread.abort(job.job_id)  # its final event finds no owner here and is dropped
+
+    def _engine_progress(self) -> float | None:
+        return self._thread.progress_at() if self._thread is not None else None
 
     def _stats(self) -> EngineLoad:
         return self._thread.stats if self._thread is not None else self.engine.stats()
