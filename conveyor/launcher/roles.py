@@ -10,6 +10,9 @@ import signal
 from conveyor.settings import Settings
 
 log = logging.getLogger("conveyor")
+# Seconds uvicorn lets requests finish after SIGTERM; the api pod's grace period covers its preStop
+# sleep plus this (deploy/k8s/base/api.yaml).
+API_SHUTDOWN_S = 5
 
 
 def _model(settings: Settings):  # type: ignore[no-untyped-def]
@@ -35,7 +38,7 @@ def run_api(settings: Settings) -> int:
         raise SystemExit(f"conveyor api: {exc}") from None
     # log_config=None: uvicorn's lines go through our handler (human or JSON, like every other line).
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                timeout_graceful_shutdown=5, log_config=None)
+                timeout_graceful_shutdown=API_SHUTDOWN_S, log_config=None)
     return 0
 
 

@@ -2,7 +2,9 @@
 rendered by tests/deploy/kustomize.py, against the Kubernetes API schemas kubernetes-validate ships;
 the KEDA ScaledObject against its CRD's schema (tests/deploy/keda-scaledobject.schema.json); the
 compose file against the compose-spec schema check-jsonschema ships; and what ties them to the code:
-settings names and values, drain time, probes, the stream and group the scaler watches."""
+settings names and values, drain time, probes, the stream and group the scaler watches; and the
+hardening (issue 39): no Secret in the base, one Secret key for the Redis password, Valkey with a
+password, maxmemory and noeviction, PodDisruptionBudgets and NetworkPolicies that select real pods."""
 
 from __future__ import annotations
 
@@ -16,16 +18,22 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from redis.connection import parse_url
 
 from conveyor.jobqueue.keys import WORKER_GROUP, Keys
+from conveyor.launcher.roles import API_SHUTDOWN_S
 from conveyor.settings import ENV_PREFIX, Settings
-from tests.deploy.kustomize import containers, find, render
+from tests.deploy.kustomize import containers, find, load_all, render
+from tests.deploy.pods import conveyor_containers, redis_url
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "k8s"
 OVERLAYS = ["cpu", "gpu", "scale-to-zero"]
 K8S_VERSION = "1.30.0"  # oldest Kubernetes these manifests target (policy/v1 PDB, startup probes)
 KEDA_SCHEMA = json.loads((Path(__file__).with_name("keda-scaledobject.schema.json")).read_text())
+SECRET_EXAMPLE = K8S / "examples" / "secret.example.yaml"
+SECRET = "conveyor-secrets"
+PASSWORD_KEY = "REDIS_PASSWORD"
 
 
 def rendered(overlay: str) -> list[dict[str, Any]]:
@@ -46,10 +54,31 @@ def test_every_manifest_is_valid(overlay: str) -> None:
     assert {("Deployment", "conveyor-api"), ("Service", "conveyor-api"),
             ("PodDisruptionBudget", "conveyor-api"), ("Deployment", "conveyor-worker"),
             ("Deployment", "conveyor-webhooks"), ("StatefulSet", "conveyor-redis"),
-            ("ConfigMap", "conveyor-settings"), ("Secret", "conveyor-secrets"),
-            ("ScaledObject", "conveyor-worker")} <= kinds
+            ("ConfigMap", "conveyor-settings"), ("PodDisruptionBudget", "conveyor-worker"),
+            ("NetworkPolicy", "conveyor-redis"), ("NetworkPolicy", "conveyor-api"),
+            ("NetworkPolicy", "conveyor-metrics"), ("ScaledObject", "conveyor-worker")} <= kinds
+    # The Secret is created once, outside kustomize: `kubectl apply -k` must never reset real keys.
+    assert not [d for d in docs if d["kind"] == "Secret"]
     for doc in docs:
         validate(doc)
+
+
+def example_secret() -> dict[str, str]:
+    [secret] = load_all(SECRET_EXAMPLE)
+    validate(secret)
+    assert secret["metadata"]["name"] == SECRET
+    data: dict[str, str] = secret["stringData"]
+    return data
+
+
+def test_the_example_secret_holds_every_key_the_pods_read() -> None:
+    docs = rendered("gpu")
+    read = {env["valueFrom"]["secretKeyRef"]["key"] for c in containers(docs) for env in c.get("env", [])
+            if "secretKeyRef" in env.get("valueFrom", {})}
+    read |= {item["key"] for doc in docs if doc["kind"] in ("Deployment", "StatefulSet")
+             for volume in doc["spec"]["template"]["spec"].get("volumes", []) if "secret" in volume
+             for item in volume["secret"]["items"]}
+    assert read == set(example_secret())
 
 
 def test_the_validators_reject_a_broken_manifest() -> None:
@@ -76,19 +105,30 @@ def test_the_settings_are_conveyors(overlay: str) -> None:
     data = find(docs, "ConfigMap", "conveyor-settings")["data"]
     names = {ENV_PREFIX + name.upper() for name in Settings.model_fields}
     assert set(data) <= names, set(data) - names
-    secrets = find(docs, "Secret", "conveyor-secrets")["stringData"]
-    for container in containers(docs):
+    secrets = example_secret()
+    for container in conveyor_containers(docs):
         for env in container.get("env", []):
             assert env["name"] in names | {"REDIS_URL", "REDIS_PASSWORD"}, env["name"]
+    password = secrets[PASSWORD_KEY]
+    url = redis_url(find(docs, "Deployment", "conveyor-api")).replace("$(REDIS_PASSWORD)", password)
+    assert parse_url(url)["password"] == password
     settings = Settings.model_validate({k.removeprefix(ENV_PREFIX).lower(): v for k, v in data.items()}
-                                       | {"redis_url": secrets["REDIS_URL"]})
+                                       | {"redis_url": url})
     json.loads(secrets["api-keys.json"])
     json.loads(secrets["webhook-secrets.json"])
     worker = find(docs, "Deployment", "conveyor-worker")["spec"]["template"]["spec"]
     assert worker["terminationGracePeriodSeconds"] > settings.drain_timeout
     [container] = worker["containers"]
-    assert container["livenessProbe"]["httpGet"]["port"] == "metrics"
+    # The worker's /health fails when its step loop hangs (conveyor/worker/liveness.py); /metrics does not.
+    for probe in ("startupProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/health", "port": "metrics"}
     assert {"containerPort": settings.worker_metrics_port, "name": "metrics"} in container["ports"]
+    # The api: preStop holds SIGTERM back while its endpoint leaves the Service; the grace period
+    # covers that sleep plus uvicorn's graceful shutdown.
+    api = find(docs, "Deployment", "conveyor-api")["spec"]["template"]["spec"]
+    command = api["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[0] == "sleep" and float(command[1]) > 0
+    assert api["terminationGracePeriodSeconds"] > float(command[1]) + API_SHUTDOWN_S
 
 
 def test_the_overlays_differ_where_they_should() -> None:
@@ -97,7 +137,7 @@ def test_the_overlays_differ_where_they_should() -> None:
     assert gpu_worker["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert gpu_worker["image"] == "conveyor:cuda"
     assert {"name": "CONVEYOR_DEVICE", "value": "cuda"} in gpu_worker["env"]
-    assert gpu_worker["env"][0]["name"] == "REDIS_URL"  # the base's env is kept, the patch's added
+    assert gpu_worker["env"][0]["name"] == "REDIS_PASSWORD"  # the base's env is kept, the patch's added
     cpu_worker = find(cpu, "Deployment", "conveyor-worker")["spec"]["template"]["spec"]["containers"][0]
     assert "nvidia.com/gpu" not in cpu_worker["resources"]["limits"]
     assert all(c["image"] == "conveyor:cpu" for c in containers(cpu) if c["name"] != "redis")
