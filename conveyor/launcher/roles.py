@@ -68,7 +68,7 @@ def run_worker(settings: Settings, worker_id: str | None) -> int:
     from conveyor.engine.engine import Engine
     from conveyor.engine.off_main import build_off_main
     from conveyor.telemetry import prom
-    from conveyor.telemetry.logs import bind
+    from conveyor.telemetry.logs import bind, redact
     from conveyor.telemetry.tracing import Tracing
     from conveyor.worker.outage import connect
     from conveyor.worker.runner import Worker, new_worker_id
@@ -111,7 +111,7 @@ def run_worker(settings: Settings, worker_id: str | None) -> int:
         try:
             await worker.run()
         except RedisConnectionError as exc:
-            raise SystemExit(f"conveyor worker: cannot reach Redis at {settings.redis_url} ({exc}): "
+            raise SystemExit(f"conveyor worker: cannot reach Redis at {redact(settings.redis_url)} ({exc}): "
                              "start it, or point REDIS_URL at a running one") from None
         finally:
             await redis.aclose()
