@@ -23,6 +23,7 @@ from tests.faults.conftest import Cluster
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
 WORKERS = 3
+BATCH = 3  # max_batch_size: a worker that holds this many takes no more, so a victim gets a job for sure
 POISON = 48999  # a token no prompt of this module holds: a job whose prompt has it kills its worker
 MAX_ATTEMPTS = 2
 N = 800  # tokens per job: long enough to be mid-stream when the fault comes, short on the tiny model
@@ -35,6 +36,7 @@ def cluster(cluster_factory) -> Cluster:  # type: ignore[no-untyped-def]
     return cluster_factory(WORKERS, worker_env={
         CRASH_ON_TOKEN_ENV: str(POISON), "CONVEYOR_MAX_ATTEMPTS": str(MAX_ATTEMPTS),
         "CONVEYOR_DRAIN_TIMEOUT": "1",  # SIGTERM: 1 s to drain, then the rest is handed over
+        "CONVEYOR_MAX_BATCH_SIZE": str(BATCH),
     })
 
 
@@ -74,9 +76,11 @@ def test_a_worker_dies_under_a_sync_and_an_async_stream(healthy: Cluster, sig: s
         (sync, pool.submit(follow, "POST", c.url + "/generate_stream", json_body=SYNC, into=sync))]
     until(lambda: sync.job_id and sync.events, "the sync stream's first token")
     victim = running_on(c, sync.job_id)  # type: ignore[arg-type]
-    # Async jobs until one runs on the victim too (the others run on the survivors: controls).
+    # Async jobs until one runs on the victim too (the others run on the survivors: controls). Which
+    # worker reads a job is a race, but workers pull by capacity: the survivors read nothing once they
+    # hold BATCH each, so one of these runs on the victim.
     async_ids = []
-    for _ in range(2 * WORKERS):
+    for _ in range((WORKERS - 1) * BATCH + 1):
         r = submit(c.url, ASYNC)
         assert r.status_code == 202, r.text
         async_ids.append(r.json()["id"])
