@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import httpx
@@ -94,6 +95,7 @@ def test_a_worker_dies_under_a_sync_and_an_async_stream(healthy: Cluster, sig: s
 
     c.fleet.signal(victim, sig)
     assert c.fleet.procs[victim].wait(60) == (-signal.SIGKILL if sig == signal.SIGKILL else 0), c.logs()
+    exited_at = time.time()
     results = [(s, f.result(timeout=300)) for s, f in streams]
     pool.shutdown()
 
@@ -101,8 +103,15 @@ def test_a_worker_dies_under_a_sync_and_an_async_stream(healthy: Cluster, sig: s
     check_complete(c, results[0][1], sync.job_id, sync_text)  # type: ignore[arg-type]
     for job_id, (_s, seen) in zip(async_ids, results[1:], strict=True):
         check_complete(c, seen, job_id, async_text)
-    moved = [j for j in [sync.job_id, async_ids[-1]] if c.record(j)[RecordField.WORKER] != victim]  # type: ignore[index]
-    assert len(moved) == 2, "the victim's jobs were not resumed elsewhere"
+    victims = [sync.job_id, async_ids[-1]]
+    moved = [j for j in victims if c.record(j)[RecordField.WORKER] != victim]  # type: ignore[index]
+    # SIGTERM drains for 1 s: a job that ends within it ends on the victim (on a loaded machine the
+    # sync job, started first, can be that close to its end); the rest must move.
+    for job_id in set(victims) - set(moved):
+        record = c.record(job_id)  # type: ignore[arg-type]
+        assert sig == signal.SIGTERM and float(record[RecordField.FINISHED_AT]) <= exited_at, \
+            f"job {job_id} of the victim was neither resumed elsewhere nor finished in its drain"
+    assert moved, "the victim's jobs were not resumed elsewhere"
     if sig == signal.SIGKILL:
         assert [c.record(j)[RecordField.ATTEMPTS] for j in moved] == ["2", "2"]  # type: ignore[arg-type]
 
