@@ -38,7 +38,7 @@ from conveyor.telemetry.tracing import Tracing
 from conveyor.webhooks.enqueue import webhook_queue
 from conveyor.webhooks.signing import Secrets
 from conveyor.webhooks.ssrf import Allow
-from conveyor.wire.health import Ready
+from conveyor.wire.health import QueueDepth, Ready
 from conveyor.wire.heartbeat import WorkerInfo
 from conveyor.wire.tgi import Info
 
@@ -177,6 +177,15 @@ def create_app(settings: Settings, model_dir: Path, model_id: str) -> FastAPI:
             waiting_served_ratio=settings.waiting_served_ratio,
             version=VERSION,
         )
+
+    @app.get("/queue", tags=["Service"], response_model=QueueDepth,
+             responses={503: {"description": "Redis does not answer"}})
+    async def queue(request: Request) -> QueueDepth:
+        """The jobs waiting and running in the whole queue, and the workers they want: what KEDA
+        scales the workers on (docs/operations/scaling.md#autoscaling-keda). Unauthenticated, as
+        `/metrics` is: counts only."""
+        waiting, running = await ApiContext.of(request).jobs.queue_depth()
+        return QueueDepth.of(waiting, running, settings.max_batch_size)
 
     @app.get("/metrics", tags=["Service"], response_class=Response,
              responses={200: {"content": {prom.CONTENT_TYPE: {"schema": {"type": "string"}}},

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 
 from conveyor.api.errors import Overloaded, ValidationError
 from conveyor.api.jobpath.admission import WRITE_GRACE_S, Admission
@@ -18,9 +18,10 @@ from conveyor.api.jobpath.placement import Placement
 from conveyor.api.jobpath.tenants import TenantIndex
 from conveyor.api.metrics import ApiMetrics
 from conveyor.jobqueue.client import cluster_of
-from conveyor.jobqueue.keys import WORKER_GROUP, Keys, event_entry_id
+from conveyor.jobqueue.depth import QueuePlace, read_depth
+from conveyor.jobqueue.keys import Keys, event_entry_id
 from conveyor.jobqueue.pubsub.publish import live_publish_command
-from conveyor.jobqueue.queue import QueuePlace, ensure_group
+from conveyor.jobqueue.queue import ensure_group
 from conveyor.jobqueue.scripts.jobs import RECLAIM, UNCLAIM, end_queued
 from conveyor.settings import Settings
 from conveyor.telemetry.tracing import Tracing
@@ -65,32 +66,14 @@ class JobStore:
         """The workers' consumer group, so the queue's lag is measured before a worker starts."""
         await ensure_group(self.redis, self.keys)
 
-    async def queue_depth(self) -> tuple[int, int] | None:
-        """(queued, running) summed over every jobs stream: entries not yet read by a worker, and read
-        but not acknowledged; None when Redis does not report the group's lag (Redis < 7)."""
+    async def queue_depth(self) -> tuple[int, int]:
+        """(queued, running) summed over every place of the queue (conveyor/jobqueue/depth.py)."""
         places = await self.queue_places()
-        if places is None:
-            return None
         return sum(p.queued for p in places), sum(p.running for p in places)
 
-    async def queue_places(self) -> list[QueuePlace] | None:
-        """The depth of each jobs stream (shard × band): one pipeline of one-key XINFO GROUPS."""
-        pipe = self.redis.pipeline(transaction=False)
-        for _shard, _band, stream in self.keys.queue_places:
-            pipe.xinfo_groups(stream)
-        replies = await pipe.execute(raise_on_error=False)
-        out: list[QueuePlace] = []
-        for (shard, band, _stream), groups in zip(self.keys.queue_places, replies, strict=True):
-            if isinstance(groups, ResponseError):  # no stream yet: nothing outstanding
-                groups = []
-            elif isinstance(groups, Exception):
-                raise groups
-            group = next((g for g in groups if g["name"] == WORKER_GROUP), None)
-            if group is not None and group.get("lag") is None:  # Redis < 7 does not report it
-                return None
-            out.append(QueuePlace(shard, band, int(group["lag"]) if group else 0,
-                                  int(group["pending"]) if group else 0))
-        return out
+    async def queue_places(self) -> list[QueuePlace]:
+        """The jobs of each place of the queue: shards × (bands, workers' own streams)."""
+        return await read_depth(self.redis, self.keys)
 
     def enqueue(self, pipe: Pipeline, spec: JobSpec, payload: str) -> None:
         """Queues the job's entry on its stream: the own stream of the worker holding its prompt's
