@@ -31,6 +31,7 @@ from conveyor.api.routes.batches import router as batches_router
 from conveyor.api.routes.files import router as files_router
 from conveyor.api.upload_limit import UploadLimit
 from conveyor.jobqueue.keys import Keys
+from conveyor.jobqueue.spread import check_spread
 from conveyor.settings import Settings
 from conveyor.telemetry import prom
 from conveyor.telemetry.logs import redact_values
@@ -96,6 +97,7 @@ def create_app(settings: Settings, model_dir: Path, model_id: str) -> FastAPI:
         webhooks = webhook_queue(settings, keys)
         jobs = JobStore(redis, keys, settings, metrics, webhooks, tracing)
         await jobs.ensure_group()
+        await check_spread(redis, keys)
         await relay.start()
         app.state.context = ApiContext(
             settings=settings,
