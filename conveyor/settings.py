@@ -53,6 +53,17 @@ class Settings(BaseSettings):
         description="REDIS_URL is a Redis Cluster (its startup nodes: redis://h1:p1,h2:p2,...); unset: "
         "detected (several hosts in the URL, or `INFO cluster` of the first).",
     )
+    submit_replicas: int = Field(
+        default=0, ge=0, le=16,
+        description="Replicas that must have a job before its submit is answered (Redis WAIT after the "
+        "job's write), so that a failover to one of them keeps every job a client was told of; 0: "
+        "answered once the primary has it. One primary with replicas (not Redis Cluster).",
+    )
+    submit_replicas_timeout_ms: int = Field(
+        default=1000, ge=1, le=60_000,
+        description="How long a submit waits for submit_replicas; past it the submit answers 503: the "
+        "job is queued on the primary and may run, so retry with the same Idempotency-Key.",
+    )
     webhook_redis_url: str | None = Field(
         default=None,
         description="A plain Redis for RQ's webhook queue; unset: REDIS_URL. Needed on a Redis Cluster, "

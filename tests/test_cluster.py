@@ -19,6 +19,7 @@ CLUSTER_MODULES = (
     "tests/api/test_async_jobs.py",  # submit, poll, cancel, list through the api and a worker process
     "tests/api/test_relay.py",  # live events on sharded pub/sub, backlog, resume
     "tests/worker/test_cancel.py",  # cancel through the control channel to a worker process
+    "tests/jobqueue/test_depth.py",  # the queue's depth: one script per shard over bands and own streams
     # SIGKILL of a worker mid-generation: resumed by another from its events, no gap, no duplicate
     "tests/worker/test_failover.py::test_sigkill_mid_generation_resumes_on_another_worker",
     # prefix affinity: the api's enqueue script, the READ script's stealing, the own stream's doorbell

@@ -31,6 +31,7 @@ from conveyor.api.routes.batches import router as batches_router
 from conveyor.api.routes.files import router as files_router
 from conveyor.api.upload_limit import UploadLimit
 from conveyor.jobqueue.keys import Keys
+from conveyor.jobqueue.spread import check_spread
 from conveyor.settings import Settings
 from conveyor.telemetry import prom
 from conveyor.telemetry.logs import redact_values
@@ -38,7 +39,7 @@ from conveyor.telemetry.tracing import Tracing
 from conveyor.webhooks.enqueue import webhook_queue
 from conveyor.webhooks.signing import Secrets
 from conveyor.webhooks.ssrf import Allow
-from conveyor.wire.health import Ready
+from conveyor.wire.health import QueueDepth, Ready
 from conveyor.wire.heartbeat import WorkerInfo
 from conveyor.wire.tgi import Info
 
@@ -96,6 +97,7 @@ def create_app(settings: Settings, model_dir: Path, model_id: str) -> FastAPI:
         webhooks = webhook_queue(settings, keys)
         jobs = JobStore(redis, keys, settings, metrics, webhooks, tracing)
         await jobs.ensure_group()
+        await check_spread(redis, keys)
         await relay.start()
         app.state.context = ApiContext(
             settings=settings,
@@ -177,6 +179,15 @@ def create_app(settings: Settings, model_dir: Path, model_id: str) -> FastAPI:
             waiting_served_ratio=settings.waiting_served_ratio,
             version=VERSION,
         )
+
+    @app.get("/queue", tags=["Service"], response_model=QueueDepth,
+             responses={503: {"description": "Redis does not answer"}})
+    async def queue(request: Request) -> QueueDepth:
+        """The jobs waiting and running in the whole queue, and the workers they want: what KEDA
+        scales the workers on (docs/operations/scaling.md#autoscaling-keda). Unauthenticated, as
+        `/metrics` is: counts only."""
+        waiting, running = await ApiContext.of(request).jobs.queue_depth()
+        return QueueDepth.of(waiting, running, settings.max_batch_size)
 
     @app.get("/metrics", tags=["Service"], response_class=Response,
              responses={200: {"content": {prom.CONTENT_TYPE: {"schema": {"type": "string"}}},

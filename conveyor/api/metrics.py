@@ -16,7 +16,7 @@ from typing import Any
 from prometheus_client import Counter, Gauge, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from conveyor.jobqueue.queue import QueuePlace
+from conveyor.jobqueue.depth import QueuePlace
 from conveyor.telemetry.prom import new_registry
 from conveyor.telemetry.tracing import Tracing
 from conveyor.wire.job import JobStatus
@@ -43,8 +43,9 @@ class ApiMetrics:
                                        buckets=SECONDS, registry=r)
         self.jobs = Gauge("conveyor_jobs", "Jobs in the fleet's queue by status (queued: not yet read by a "
                           "worker; running: read, not yet acknowledged)", ["status"], registry=r)
-        self.queue = Gauge("conveyor_queue_jobs", "Jobs in each stream of the fleet's queue (shard × "
-                           "priority band) by status; conveyor_jobs is their sum",
+        self.queue = Gauge("conveyor_queue_jobs", "Jobs in each place of the fleet's queue by status: a "
+                           "shard's priority band, or its workers' own streams (band=own); conveyor_jobs "
+                           "is their sum",
                            ["shard", "band", "status"], registry=r)
         self.finished = Counter("conveyor_jobs_finished", "Jobs the api ended in the queue, by status",
                                 ["status"], registry=r)
@@ -70,8 +71,8 @@ class ApiMetrics:
         self.jobs.labels("queued").set(sum(p.queued for p in places))
         self.jobs.labels("running").set(sum(p.running for p in places))
         for p in places:
-            self.queue.labels(str(p.shard), p.band.value, "queued").set(p.queued)
-            self.queue.labels(str(p.shard), p.band.value, "running").set(p.running)
+            self.queue.labels(str(p.shard), p.band, "queued").set(p.queued)
+            self.queue.labels(str(p.shard), p.band, "running").set(p.running)
 
     def ended_in_queue(self, status: JobStatus) -> None:
         self.finished.labels(status.value).inc()

@@ -3,13 +3,17 @@
 Every key shares a prefix. The keys of one job carry the hash tag `{job_id}` so the multi-key
 operations of a job stay in one slot and the layout runs on Redis Cluster unchanged. The queue is
 `jobs_shards` × priority bands (conveyor/jobqueue/bands.py), one stream each; the bands of one shard share
-the shard's hash tag `{jobs-N}`, so a worker reads a shard's bands in one command or script.
+the shard's hash tag (`shard_tag`), so a worker reads a shard's bands in one command or script.
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
 import zlib
 from dataclasses import dataclass
+
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 from conveyor.jobqueue.bands import BANDS, Band, band_of
 
@@ -26,6 +30,26 @@ def event_entry_id(index: int) -> str:
     return f"0-{index + 1}"
 
 
+@functools.cache
+def shard_tag(shard: int, shards: int) -> str:
+    """The hash tag of a shard of the queue: `jobs-S`, or `jobs-S-K` with the smallest K whose slot lies
+    in the middle quarter of the S-th of `shards` equal ranges of the cluster's slots. Primaries that
+    split the slots evenly (redis-cli --cluster create, managed services) then hold shards/primaries
+    shards each, and fewer shards than primaries land on distinct ones; hashing `jobs-S` alone put 6
+    shards 3/2/1 on 3 nodes. It depends on `shards` only, so every process agrees whatever the
+    cluster's slot map is now; conveyor/jobqueue/spread.py checks the map at start. With one shard
+    the tag is `jobs-0`, the name it had before there was a choice."""
+    if shards == 1:
+        return "jobs-0"
+    width = REDIS_CLUSTER_HASH_SLOTS / shards
+    low, high = (shard + 0.375) * width, (shard + 0.625) * width
+    for k in itertools.count():
+        tag = f"jobs-{shard}" if k == 0 else f"jobs-{shard}-{k}"
+        if low <= key_slot(tag.encode()) < high:
+            return tag
+    raise AssertionError("unreachable: itertools.count() never ends")
+
+
 @dataclass(frozen=True, slots=True)
 class Keys:
     prefix: str = "conveyor"
@@ -33,10 +57,14 @@ class Keys:
 
     def jobs_stream(self, shard: int, band: Band) -> str:
         """Stream of the queued jobs of one shard and priority band; consumer group WORKER_GROUP.
-        The bands of a shard share its hash tag `{jobs-N}`, so one XREADGROUP (or script) reads a
+        The bands of a shard share its hash tag (`shard_tag`), so one XREADGROUP (or script) reads a
         shard's bands on Redis Cluster. No TTL: a worker deletes an entry when it acknowledges it,
         so the stream holds only queued and running jobs."""
-        return f"{self.prefix}:jobs:{{jobs-{shard}}}:{band.value}"
+        return f"{self.shard_prefix(shard)}:{band.value}"
+
+    def shard_prefix(self, shard: int) -> str:
+        """What every key of one shard of the queue starts with: `PREFIX:jobs:{TAG}`."""
+        return f"{self.prefix}:jobs:{{{shard_tag(shard, self.jobs_shards)}}}"
 
     def shard_streams(self, shard: int, bands: tuple[Band, ...] = BANDS) -> tuple[str, ...]:
         """A shard's streams, in the order of `bands` (highest first unless told)."""
@@ -67,12 +95,12 @@ class Keys:
         api placed on it because it holds their prefix; read first by it, by others only once an entry
         waited affinity_wait_ms. Same hash tag as the shard's bands. No TTL: a worker's streams are
         deleted by the fleet once it is gone and they are empty (conveyor/worker/placement.py)."""
-        return f"{self.prefix}:jobs:{{jobs-{shard}}}:w:{worker_id}"
+        return f"{self.shard_prefix(shard)}:w:{worker_id}"
 
     def owners(self, shard: int) -> str:
         """Set: the workers with an own stream in the shard. No TTL: bounded by the fleet (a gone
         worker leaves it with its empty streams)."""
-        return f"{self.prefix}:jobs:{{jobs-{shard}}}:owners"
+        return f"{self.shard_prefix(shard)}:owners"
 
     def prefixes(self, worker_id: str) -> str:
         """String: a worker's prefix-cache summary (conveyor/jobqueue/placement.py); TTL job_lease_ms,

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from conveyor.jobqueue.bands import Band
 from conveyor.jobqueue.keys import WORKER_GROUP, Keys
 
 EntryRef = tuple[str, str]  # (stream, entry id): entry ids are unique only within one stream
@@ -49,13 +48,3 @@ def by_stream(refs: Iterable[EntryRef]) -> dict[str, list[str]]:
     for stream, entry_id in refs:
         out[stream].append(entry_id)
     return dict(out)
-
-
-@dataclass(frozen=True, slots=True)
-class QueuePlace:
-    """The depth of one jobs stream."""
-
-    shard: int
-    band: Band
-    queued: int  # the group's lag: entries no worker has read yet
-    running: int  # read, not yet acknowledged

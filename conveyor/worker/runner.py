@@ -28,6 +28,7 @@ from conveyor.engine.engine import Engine
 from conveyor.jobqueue.keys import Keys
 from conveyor.jobqueue.queue import ensure_group
 from conveyor.jobqueue.scripts.worker import Scripts
+from conveyor.jobqueue.spread import check_spread
 from conveyor.settings import Settings
 from conveyor.telemetry.tracing import Tracing
 from conveyor.webhooks.enqueue import webhook_queue
@@ -105,6 +106,7 @@ class Worker:
 
     async def run(self) -> None:
         await ensure_group(self.redis, self.keys)
+        await check_spread(self.redis, self.keys)
         await self.scripts.load()
         await self.affinity.register()
         loop = asyncio.get_running_loop()

@@ -21,7 +21,8 @@ GENERATION = {("post", "/generate"), ("post", "/generate_stream"), ("post", "/")
 ROUTES = GENERATION | {("get", "/v1/models"), ("get", "/v1/models/{model_id}"), ("get", "/v1/jobs"),
                        ("get", "/v1/jobs/{job_id}"), ("get", "/v1/jobs/{job_id}/events"),
                        ("delete", "/v1/jobs/{job_id}"), ("get", "/health"), ("get", "/ready"),
-                       ("get", "/info"), ("get", "/metrics"), ("post", "/tokenize"), ("post", "/detokenize"),
+                       ("get", "/info"), ("get", "/metrics"), ("get", "/queue"), ("post", "/tokenize"),
+                       ("post", "/detokenize"),
                        # OpenAI's Batch API
                        ("post", "/v1/files"), ("get", "/v1/files"), ("get", "/v1/files/{file_id}"),
                        ("get", "/v1/files/{file_id}/content"), ("delete", "/v1/files/{file_id}"),
@@ -97,7 +98,7 @@ def test_health_documents_no_body_and_metrics_text(schema: dict) -> None:
 def test_authenticated_routes_say_so_and_document_401(schema: dict) -> None:
     for path, ops in schema["paths"].items():
         for method, op in ops.items():
-            if path in ("/health", "/ready", "/info", "/metrics"):
+            if path in ("/health", "/ready", "/info", "/queue", "/metrics"):
                 assert "security" not in op
             else:
                 assert op["security"] == [{"HTTPBearer": []}] and "401" in op["responses"], (method, path)

@@ -78,7 +78,7 @@ def test_redis_down_is_503_on_every_route_and_the_api_recovers(api: RunningServi
         for path, body in SUBMITS:
             assert_unavailable(submit(api, path, body), path)
         for method, path in [("GET", f"/v1/jobs/{job_id}"), ("GET", f"/v1/jobs/{job_id}/events"),
-                             ("DELETE", f"/v1/jobs/{job_id}"), ("GET", "/v1/jobs")]:
+                             ("DELETE", f"/v1/jobs/{job_id}"), ("GET", "/v1/jobs"), ("GET", "/queue")]:
             assert_unavailable(httpx.request(method, api.base_url + path, timeout=30), path)
         assert httpx.get(api.base_url + "/health", timeout=30).status_code == 200
         ready = httpx.get(api.base_url + "/ready", timeout=30)

@@ -2,7 +2,7 @@
 rendered by tests/deploy/kustomize.py, against the Kubernetes API schemas kubernetes-validate ships;
 the KEDA ScaledObject against its CRD's schema (tests/deploy/keda-scaledobject.schema.json); the
 compose file against the compose-spec schema check-jsonschema ships; and what ties them to the code:
-settings names and values, drain time, probes, the stream and group the scaler watches; and the
+settings names and values, drain time, probes, the api endpoint and field the scaler reads; and the
 hardening (issue 39): no Secret in the base, one Secret key for the Redis password, Valkey with a
 password, maxmemory and noeviction, PodDisruptionBudgets and NetworkPolicies that select real pods."""
 
@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import jsonschema
 import kubernetes_validate
@@ -20,9 +21,9 @@ import pytest
 import yaml
 from redis.connection import parse_url
 
-from conveyor.jobqueue.keys import WORKER_GROUP, Keys
 from conveyor.launcher.roles import API_SHUTDOWN_S
 from conveyor.settings import ENV_PREFIX, Settings
+from conveyor.wire.health import QueueDepth
 from tests.deploy.kustomize import containers, find, load_all, render
 from tests.deploy.pods import conveyor_containers, redis_url
 
@@ -151,23 +152,22 @@ def test_the_overlays_differ_where_they_should() -> None:
     assert zero_api["readinessProbe"]["httpGet"]["path"] == "/ready"
 
 
-def test_the_scaler_watches_the_jobs_stream_and_group() -> None:
+def test_the_scaler_reads_the_apis_queue_depth() -> None:
+    """One metrics-api trigger on the api Service's GET /queue, on a field the endpoint answers, one
+    worker per unit: the replicas are workers_wanted (tests/api/test_scaling_signal.py computes it)."""
     docs = rendered("gpu")
-    prefix = find(docs, "ConfigMap", "conveyor-settings")["data"]["CONVEYOR_KEY_PREFIX"]
     scaler = find(docs, "ScaledObject", "conveyor-worker")["spec"]
     assert scaler["scaleTargetRef"]["name"] == "conveyor-worker"
-    streams = {t["metadata"]["stream"] for t in scaler["triggers"]}
-    assert streams == set(Keys(prefix).jobs_streams)  # the default layout: 1 shard x 4 bands
-    for stream in streams:  # a lag and a pending trigger per stream
-        kinds = [set(t["metadata"]) for t in scaler["triggers"] if t["metadata"]["stream"] == stream]
-        assert any("lagCount" in k for k in kinds) and any("pendingEntriesCount" in k for k in kinds)
-    for trigger in scaler["triggers"]:
-        assert trigger["type"] == "redis-streams"
-        assert trigger["metadata"]["consumerGroup"] == WORKER_GROUP
-        assert trigger["metadata"]["address"].split(":")[0] == "conveyor-redis"
-        assert {"lagCount", "pendingEntriesCount"} & set(trigger["metadata"])
-        assert trigger["metadata"]["passwordFromEnv"] in {e["name"] for c in containers(docs)
-                                                           if c["name"] == "worker" for e in c["env"]}
+    [trigger] = scaler["triggers"]
+    meta = trigger["metadata"]
+    assert trigger["type"] == "metrics-api" and meta["format"] == "json"
+    url = urlsplit(meta["url"])
+    service = find(docs, "Service", "conveyor-api")
+    assert url.hostname is not None and url.hostname.split(".")[0] == service["metadata"]["name"]
+    assert (url.port or 80) in {p["port"] for p in service["spec"]["ports"]}
+    assert url.path == "/queue" and meta["valueLocation"] in QueueDepth.model_fields
+    assert (meta["valueLocation"], float(meta["targetValue"]), float(meta["activationTargetValue"])) == \
+        ("workers_wanted", 1.0, 0.0)
 
 
 def check_compose(path: Path) -> subprocess.CompletedProcess[str]:

@@ -7,7 +7,7 @@ import uuid
 from collections import Counter
 
 from conveyor.jobqueue.bands import BANDS, Band, band_of, read_order, shard_order
-from conveyor.jobqueue.keys import Keys
+from conveyor.jobqueue.keys import Keys, shard_tag
 
 
 def test_priorities_map_onto_bands_cut_at_the_default_and_the_bottom() -> None:
@@ -54,4 +54,4 @@ def test_a_job_goes_to_the_stream_of_its_shard_and_band_and_a_shard_has_one_hash
     assert keys.stream_of(job_id, -100, bands=False) == keys.jobs_stream(keys.shard_of(job_id), Band.NORMAL)
     for shard in range(3):  # one slot per shard on Redis Cluster: the bands share the hash tag
         tags = {s[s.index("{"):s.index("}") + 1] for s in keys.shard_streams(shard)}
-        assert tags == {f"{{jobs-{shard}}}"}
+        assert tags == {f"{{{shard_tag(shard, 3)}}}"}

@@ -97,6 +97,7 @@ async def test_every_command_script_and_transaction_touches_one_slot(  # type: i
     queued = (await store.submit(make_spec(PROMPT))).job_id  # no worker now: ended by the api itself
     await store.cancel(queued)
     assert (await local.result(queued)).status is JobStatus.CANCELLED
+    await store.queue_places()  # the depth's script, over a shard's bands and own streams
     await asyncio.sleep(0)
 
     recorded = list(recorded)  # what the checks below send is not recorded

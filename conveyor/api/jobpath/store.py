@@ -10,17 +10,19 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 
-from conveyor.api.errors import Overloaded, ValidationError
+from conveyor.api.errors import Overloaded, Unavailable, ValidationError
 from conveyor.api.jobpath.admission import WRITE_GRACE_S, Admission
 from conveyor.api.jobpath.placement import Placement
 from conveyor.api.jobpath.tenants import TenantIndex
 from conveyor.api.metrics import ApiMetrics
 from conveyor.jobqueue.client import cluster_of
-from conveyor.jobqueue.keys import WORKER_GROUP, Keys, event_entry_id
+from conveyor.jobqueue.depth import QueuePlace, read_depth
+from conveyor.jobqueue.keys import Keys, event_entry_id
 from conveyor.jobqueue.pubsub.publish import live_publish_command
-from conveyor.jobqueue.queue import QueuePlace, ensure_group
+from conveyor.jobqueue.queue import ensure_group
+from conveyor.jobqueue.replicated import ReplicasBehind, execute_replicated
 from conveyor.jobqueue.scripts.jobs import RECLAIM, UNCLAIM, end_queued
 from conveyor.settings import Settings
 from conveyor.telemetry.tracing import Tracing
@@ -37,6 +39,10 @@ PROVISIONAL_TTL_S = 600
 
 def new_job_id() -> str:
     return uuid.uuid4().hex
+
+
+class Unconfirmed(Unavailable):
+    """503: the job is written on the primary, but not on `submit_replicas` replicas in time."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +63,9 @@ class JobStore:
         self.tenants = TenantIndex(redis, keys, settings)
         self.admission = Admission(redis, keys, settings)
         self.placement = Placement(redis, keys, settings)
+        if settings.submit_replicas and cluster_of(redis):
+            raise ValueError("submit_replicas needs one primary with replicas: on Redis Cluster a job's "
+                             "writes span nodes, which one WAIT cannot confirm; unset it (or set 0)")
         self._end_queued = redis.register_script(end_queued(live_publish_command(redis)).source)
         self._reclaim = redis.register_script(RECLAIM.source)
         self._unclaim = redis.register_script(UNCLAIM.source)
@@ -65,32 +74,14 @@ class JobStore:
         """The workers' consumer group, so the queue's lag is measured before a worker starts."""
         await ensure_group(self.redis, self.keys)
 
-    async def queue_depth(self) -> tuple[int, int] | None:
-        """(queued, running) summed over every jobs stream: entries not yet read by a worker, and read
-        but not acknowledged; None when Redis does not report the group's lag (Redis < 7)."""
+    async def queue_depth(self) -> tuple[int, int]:
+        """(queued, running) summed over every place of the queue (conveyor/jobqueue/depth.py)."""
         places = await self.queue_places()
-        if places is None:
-            return None
         return sum(p.queued for p in places), sum(p.running for p in places)
 
-    async def queue_places(self) -> list[QueuePlace] | None:
-        """The depth of each jobs stream (shard × band): one pipeline of one-key XINFO GROUPS."""
-        pipe = self.redis.pipeline(transaction=False)
-        for _shard, _band, stream in self.keys.queue_places:
-            pipe.xinfo_groups(stream)
-        replies = await pipe.execute(raise_on_error=False)
-        out: list[QueuePlace] = []
-        for (shard, band, _stream), groups in zip(self.keys.queue_places, replies, strict=True):
-            if isinstance(groups, ResponseError):  # no stream yet: nothing outstanding
-                groups = []
-            elif isinstance(groups, Exception):
-                raise groups
-            group = next((g for g in groups if g["name"] == WORKER_GROUP), None)
-            if group is not None and group.get("lag") is None:  # Redis < 7 does not report it
-                return None
-            out.append(QueuePlace(shard, band, int(group["lag"]) if group else 0,
-                                  int(group["pending"]) if group else 0))
-        return out
+    async def queue_places(self) -> list[QueuePlace]:
+        """The jobs of each place of the queue: shards × (bands, workers' own streams)."""
+        return await read_depth(self.redis, self.keys)
 
     def enqueue(self, pipe: Pipeline, spec: JobSpec, payload: str) -> None:
         """Queues the job's entry on its stream: the own stream of the worker holding its prompt's
@@ -119,6 +110,8 @@ class JobStore:
             except (RedisError, OSError):
                 await self.admission.release(spec)
                 raise
+        except Unconfirmed:  # the job is queued and may run: it keeps its place and its key
+            raise
         except BaseException:  # refused or failed: no job, so the key answers no job either
             if idem is not None:
                 with suppress(RedisError, OSError):  # else it is free again WRITE_GRACE_S from now
@@ -158,10 +151,21 @@ class JobStore:
         the entry, and a pipeline split by node keeps no order across nodes. So the record is written
         first with a provisional TTL, then the entry, then the TTL lifted (a worker's TAKE lifts it
         too). A failure before the entry deletes the record, or, if Redis cannot even do that, leaves
-        it to expire; the tenant index skips ids without a record, admission frees their places."""
+        it to expire; the tenant index skips ids without a record, admission frees their places.
+        With `submit_replicas`, the one node's transaction returns once that many replicas have it
+        (Unconfirmed past the timeout: the job is written all the same)."""
         if not cluster_of(self.redis):
             self.enqueue(pipe, spec, payload)
-            await pipe.execute()
+            if self.settings.submit_replicas:
+                try:
+                    await execute_replicated(self.redis, pipe, self.settings.submit_replicas,
+                                             self.settings.submit_replicas_timeout_ms)
+                except ReplicasBehind as behind:
+                    raise Unconfirmed(f"job {spec.id} is queued, but {behind} (submit_replicas): it may "
+                                      "still run; retry with the same Idempotency-Key to get this job, "
+                                      "not a second one") from behind
+            else:
+                await pipe.execute()
             return
         record = self.keys.job(spec.id)
         pipe.expire(record, PROVISIONAL_TTL_S)

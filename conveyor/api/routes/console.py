@@ -65,8 +65,8 @@ class JobCounts(BaseModel):
 
 
 class Queue(BaseModel):
-    queued: int = Field(description="Entries of the jobs stream no worker has read yet.")
-    running: int = Field(description="Entries read by a worker and not yet acknowledged.")
+    queued: int = Field(description="Jobs no worker has read yet (every shard, band and own stream).")
+    running: int = Field(description="Jobs read by a worker and not yet acknowledged.")
 
 
 class Overview(BaseModel):
@@ -74,7 +74,7 @@ class Overview(BaseModel):
     tenant: str
     admin: bool = Field(description="The caller may use the operator pages (`admin_tenants`).")
     open: bool = Field(description="No API keys are configured: everyone is tenant `default`.")
-    queue: Queue | None = Field(description="None when Redis does not report the group's lag.")
+    queue: Queue = Field(description="The queue's depth, as `GET /queue` counts it.")
     workers: list[WorkerInfo]
     jobs: JobCounts
     dead_letters: int | None = Field(default=None, description="Dead-letter entries (operators only).")
@@ -152,6 +152,6 @@ async def overview(request: Request, caller: str = Depends(tenant)) -> Overview:
                                                 job_counts(ctx, now))
     dead = await ctx.jobs.redis.xlen(ctx.jobs.keys.dead_letter_stream) if admin else None
     return Overview(now=now, tenant=caller, admin=admin, open=auth.open,
-                    queue=Queue(queued=depth[0], running=depth[1]) if depth is not None else None,
+                    queue=Queue(queued=depth[0], running=depth[1]),
                     workers=sorted(workers, key=lambda w: w.id), jobs=jobs, dead_letters=dead)
 

@@ -3,7 +3,8 @@
 - `worker.py`: a worker's step — take a job, append its events, keep or release its lease, read the
   streams of a shard, forget a gone worker's stream.
 - `jobs.py`: the api's side of a job — admission, placement on a worker's own stream, the
-  Idempotency-Key, ending a queued job; the console's reading of a record; a webhook's note on it.
+  Idempotency-Key, ending a queued job, counting the queue's jobs; the console's reading of a
+  record; a webhook's note on it.
 - `batches.py`: the Batch API's state moves, line claims and per-batch lease.
 
 Each script touches the keys of one hash slot (the keys it declares, and a job's channel, which
@@ -12,7 +13,7 @@ A script called on its own is registered with `redis.register_script(script.sour
 EVALSHA and loads it on NOSCRIPT). Inside a pipeline redis-py's cluster pipeline refuses its script
 helpers, so a script is sent as an EVALSHA command after a SCRIPT LOAD (`worker.Scripts`, which loads
 again on NOSCRIPT; the console's overview), or whole with EVAL where the pipeline is the api's submit
-(ENQUEUE: nothing there reloads a lost script).
+(ENQUEUE: nothing there reloads a lost script) or a scrape's (DEPTH).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """The api's Lua scripts on a job: admit it, place it, claim its Idempotency-Key, end it in the queue;
-and the two that read or annotate a job record outside the job path (the console, the webhooks)."""
+count the queue's jobs; and the two that read or annotate a job record outside the job path (the
+console, the webhooks)."""
 
 from __future__ import annotations
 
@@ -80,6 +81,26 @@ redis.call('{publish}', ARGV[7], ARGV[4])
 return 1
 """,
     )
+
+
+# The jobs waiting and running in one shard (conveyor/jobqueue/depth.py): its streams read in one step,
+# so a job moving from waiting to running is never counted twice or not at all.
+DEPTH = Script(
+    keys=("the streams of one shard: its bands, then its workers' own streams...",),
+    argv=("group",),
+    returns="{length, pending} of each stream in KEYS' order (0, 0 for a stream that is gone)",
+    source="""
+local out = {}
+for _, key in ipairs(KEYS) do
+  local pending = 0
+  local summary = redis.pcall('XPENDING', key, ARGV[1])  -- an error (no stream, no group yet): none
+  if type(summary) == 'table' and not summary.err then pending = summary[1] end
+  out[#out + 1] = redis.call('XLEN', key)
+  out[#out + 1] = pending
+end
+return out
+""",
+)
 
 
 # The console's overview of a job (conveyor/api/routes/console.py): the result's token count is read
