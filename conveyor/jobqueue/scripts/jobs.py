@@ -91,7 +91,8 @@ DEPTH = Script(
     returns="{length, pending} of each stream in KEYS' order (0, 0 for a stream that is gone)",
     source="""
 local out = {}
-for _, key in ipairs(KEYS) do
+for i = 1, #KEYS do
+  local key = KEYS[i]
   local pending = 0
   local summary = redis.pcall('XPENDING', key, ARGV[1])  -- an error (no stream, no group yet): none
   if type(summary) == 'table' and not summary.err then pending = summary[1] end
