@@ -17,6 +17,7 @@ from redis.asyncio import Redis
 
 from conveyor.jobqueue.bands import BANDS
 from conveyor.jobqueue.keys import WORKER_GROUP, Keys
+from conveyor.jobqueue.queue import read_owners
 from conveyor.jobqueue.scripts.jobs import DEPTH
 
 OWN = "own"  # the place of a shard's workers' own streams, beside its bands
@@ -36,11 +37,7 @@ async def read_depth(redis: Redis, keys: Keys) -> list[QueuePlace]:
     """Every place of the queue, shard by shard (bands highest first, then OWN): two round trips, the
     shards' owners, then one DEPTH script per shard. Raises what Redis raises."""
     pipe = redis.pipeline(transaction=False)
-    for shard in range(keys.jobs_shards):
-        pipe.smembers(keys.owners(shard))
-    owners = await pipe.execute()
-    pipe = redis.pipeline(transaction=False)
-    for shard, workers in enumerate(owners):
+    for shard, workers in enumerate(await read_owners(redis, keys)):
         streams = [*keys.shard_streams(shard), *(keys.own_stream(shard, w) for w in sorted(workers))]
         # EVAL, not EVALSHA: a scrape's one call per shard, and nothing to reload after a restart
         pipe.execute_command("EVAL", DEPTH.source, len(streams), *streams, WORKER_GROUP)

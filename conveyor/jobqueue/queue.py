@@ -42,6 +42,15 @@ async def ensure_group(redis: Redis, keys: Keys) -> None:
             raise result
 
 
+async def read_owners(redis: Redis, keys: Keys) -> list[set[str]]:
+    """The workers with an own stream (prefix affinity), shard by shard: one pipeline of one-key
+    SMEMBERS (one slot each on Redis Cluster)."""
+    pipe = redis.pipeline(transaction=False)
+    for shard in range(keys.jobs_shards):
+        pipe.smembers(keys.owners(shard))
+    return [set(members) for members in await pipe.execute()]
+
+
 def by_stream(refs: Iterable[EntryRef]) -> dict[str, list[str]]:
     """Entry ids grouped by their stream, for the commands that take one stream each."""
     out: dict[str, list[str]] = defaultdict(list)

@@ -19,6 +19,7 @@ from redis.exceptions import ResponseError
 
 from conveyor.jobqueue.keys import WORKER_GROUP, Keys
 from conveyor.jobqueue.placement import SUMMARY_MAX_BLOCKS, encode_summary
+from conveyor.jobqueue.queue import read_owners
 from conveyor.jobqueue.scripts.worker import Scripts
 from conveyor.worker.engine_thread import EngineThread
 
@@ -78,10 +79,7 @@ class WorkerAffinity:
             if hashes is not None:
                 summary = encode_summary(self.block_size, hashes)
                 await self.redis.set(self.keys.prefixes(self.worker_id), summary, px=self.lease_ms)
-        pipe = self.redis.pipeline(transaction=False)
-        for shard in range(self.keys.jobs_shards):
-            pipe.smembers(self.keys.owners(shard))
-        owners = sorted({w for members in await pipe.execute() for w in members} - {self.worker_id})
+        owners = sorted(set().union(*await read_owners(self.redis, self.keys)) - {self.worker_id})
         alive = [bool(n) for n in await self._exist([self.keys.worker(w) for w in owners])]
         self._others = owners
         gone = [w for w, live in zip(owners, alive, strict=True) if not live]

@@ -26,6 +26,7 @@ from redis.exceptions import RedisError
 from conveyor.jobqueue.bands import band_of
 from conveyor.jobqueue.keys import Keys
 from conveyor.jobqueue.placement import AFFINITY_BANDS, WorkerPrefixes, best_worker, decode_summary
+from conveyor.jobqueue.queue import read_owners
 from conveyor.jobqueue.scripts.jobs import ENQUEUE
 from conveyor.settings import Settings
 from conveyor.wire.heartbeat import WorkerInfo
@@ -73,10 +74,7 @@ class Placement:
         """Reads every owner's summary (a missing one: that worker is gone or draining)."""
         self._read_at = time.monotonic()
         try:
-            pipe = self.redis.pipeline(transaction=False)
-            for shard in range(self.keys.jobs_shards):
-                pipe.smembers(self.keys.owners(shard))
-            owners = sorted({w for members in await pipe.execute() for w in members})
+            owners = sorted(set().union(*await read_owners(self.redis, self.keys)))
             pipe = self.redis.pipeline(transaction=False)
             for worker in owners:  # one key per command (cluster)
                 pipe.get(self.keys.prefixes(worker))
