@@ -28,9 +28,9 @@ from conveyor.bench.arrival import KINDS, parse_rate
 from conveyor.bench.metrics import parse_slo
 from conveyor.bench.options import BACKENDS, JOBS_MODES, Options, RunConfig
 from conveyor.bench.report import table, write_json
-from conveyor.bench.workloads import HFTokenizer, Request, jsonl_workload, random_workload
+from conveyor.bench.workloads import HFTokenizer, Request, copy_workload, jsonl_workload, random_workload
 
-WORKLOADS = ("random", "shared-prefix", "jsonl")
+WORKLOADS = ("random", "shared-prefix", "copy", "jsonl")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -57,6 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     w.add_argument("--workload", choices=WORKLOADS, default="random",
                    help="random: random-token prompts of exact length (vLLM's random dataset); "
                         "shared-prefix: the same --prefix-len system prompt before each; "
+                        "copy: repeat a document word for word (speculative decoding's case); "
                         "jsonl: --dataset-path")
     w.add_argument("--num-prompts", type=int, default=64, help="[default: %(default)s]")
     w.add_argument("--input-len", default="256",
@@ -104,6 +105,8 @@ def workload(args: argparse.Namespace) -> list[Request]:
             raise SystemExit("conveyor bench: --workload jsonl needs --dataset-path FILE")
         return jsonl_workload(args.dataset_path, args.num_prompts, args.output_len, args.seed)
     tok = tokenizer(args.tokenizer)
+    if args.workload == "copy":
+        return copy_workload(tok, args.num_prompts, args.input_len, args.output_len, args.seed)
     prefix = args.prefix_len if args.workload == "shared-prefix" else 0
     return random_workload(tok, args.num_prompts, args.input_len, args.output_len, args.seed,
                            args.range_ratio, prefix, as_ids=args.prompt_format == "ids")

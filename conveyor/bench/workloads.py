@@ -11,6 +11,9 @@
   client the peer comparisons were first run with: every (prompt, output) length drawn first (mixed:
   `randint(32, 512)`, then `randint(16, 256)`, per request; else fixed), then each prompt's ids in
   turn, `randrange(100, vocab_size - 100)`.
+- copy: "repeat this document word for word" prompts, each document seeded sentences from a fixed
+  list until it reaches the prompt length: outputs copy their inputs, the case speculative
+  decoding by prompt lookup (`--speculate`) is for; send it to the chat backends.
 - jsonl: one request a line, `{"prompt": ...}` or `{"messages": [...]}`, optional `max_tokens`.
 Lengths are "N" (fixed) or "LOW-HIGH" (uniform, inclusive).
 """
@@ -116,6 +119,39 @@ def stream_client_workload(vocab_size: int, n: int, mixed: bool, input_len: int 
             for _ in range(n)]
     return [Request(prompt=(ids := [rng.randrange(100, vocab_size - 100) for _ in range(n_in)]),
                     prompt_len=len(ids), output_len=n_out) for n_in, n_out in lens]
+
+
+SENTENCES = (
+    "The ferry leaves the north pier at seven and returns before the harbour lights come on.",
+    "Each invoice lists the order number, the customer's address and the total due in euros.",
+    "Our office moved to the third floor of the old brick building beside the river.",
+    "The committee approved the budget after a short debate about the cost of new servers.",
+    "Water the tomato plants every morning and keep them out of the strongest afternoon sun.",
+    "The library closes early on Fridays, but the reading room stays open until nine.",
+    "A backup runs every night and keeps the last thirty copies on a separate disk.",
+    "Tickets for the spring concert go on sale next Monday at the front desk.",
+    "The bridge over the valley was finished in 1932 and repaired after the flood of 1967.",
+    "Please send the signed contract back to the legal team before the end of the month.",
+    "The recipe needs two cups of flour, one egg, a pinch of salt and warm milk.",
+    "Trains to the airport run every fifteen minutes from platform four.",
+)
+
+
+def copy_workload(tok: Tokenizer, n: int, input_len: str | int, output_len: str | int,
+                  seed: int = 0) -> list[Request]:
+    """Prompts that ask for a document back word for word (module docstring); a document is drawn
+    sentence by sentence (random.Random(seed)) until the prompt has its tokens or more."""
+    rng = random.Random(seed)
+    in_lens = sample_lengths(np.random.default_rng(seed), n, input_len)
+    out_lens = sample_lengths(np.random.default_rng(seed + 1), n, output_len)
+    requests = []
+    for j in range(n):
+        text = "Repeat this document exactly, word for word:\n\n"
+        while len(tok.encode(text)) < int(in_lens[j]):
+            text += rng.choice(SENTENCES) + " "
+        text = text.rstrip()
+        requests.append(Request(prompt=text, prompt_len=len(tok.encode(text)), output_len=int(out_lens[j])))
+    return requests
 
 
 def jsonl_workload(path: Path, n: int | None, output_len: str | int, seed: int = 0,

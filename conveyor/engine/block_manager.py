@@ -172,6 +172,35 @@ class BlockManager:
         seq.block_table.extend(sorted(self._pop_free() for _ in range(num_needed)))
         return True
 
+    def extend_for_draft(self, seq: Sequence, num_tokens: int) -> int:
+        """Extend seq's table, already covering its next token, for up to `num_tokens` draft tokens
+        after it (speculative decoding); returns how many it covers. Only unhashed free blocks
+        are taken: a draft never evicts the prefix cache, and `truncate` gives them back."""
+        bs, table = self.block_size, seq.block_table
+        first = seq.num_computed_tokens + 1  # the draft's first position
+        if any(self.blocks[b].ref_count > 1 for b in table[first // bs :]):
+            return 0  # a fork's shared block: copy-on-write is the next token's, not a draft's
+        room = len(table) * bs - first
+        fresh = 0
+        for block_id in self._free:  # unhashed blocks sit at the front
+            if room + fresh * bs >= num_tokens or self.blocks[block_id].hash is not None:
+                break
+            fresh += 1
+        table.extend(self._pop_free() for _ in range(fresh))
+        return max(0, min(num_tokens, room + fresh * bs))
+
+    def truncate(self, seq: Sequence) -> None:
+        """Give back the blocks past seq's computed tokens (a rejected draft's): its table is then
+        what it would be had the draft never been proposed."""
+        keep = self.blocks_for(seq.num_computed_tokens)
+        for block_id in reversed(seq.block_table[keep:]):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self._free[block_id] = None
+                self._free.move_to_end(block_id, last=block.hash is not None)
+        del seq.block_table[keep:]
+
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """`child` continues from `parent`'s computed tokens: it shares every block of the parent's
         (one more ref each) and its place in the prefix cache's chain."""

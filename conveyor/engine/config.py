@@ -38,3 +38,9 @@ class EngineConfig:
     # Batch sizes of the pure-decode CUDA graphs (TGI's --cuda-graphs); None: 1, 2, 4, 8, then
     # every 16 up to max_batch_size; (): no graphs.
     cuda_graphs: tuple[int, ...] | None = None
+    # Speculative decoding by prompt lookup (conveyor/engine/speculative/): draft tokens per decode
+    # (TGI's --speculate; vLLM's num_speculative_tokens), 0: off; the n-gram lengths matched
+    # (vLLM's prompt_lookup_min / prompt_lookup_max).
+    speculate: int = 0
+    prompt_lookup_min: int = 1
+    prompt_lookup_max: int = 3

@@ -28,6 +28,8 @@ from conveyor.engine.params import SamplingParams, StoppingParams
 from conveyor.engine.sampler import Sampler
 from conveyor.engine.scheduler import Scheduler
 from conveyor.engine.sequence import FinishReason, Sequence
+from conveyor.engine.speculative.ngram import NgramProposer
+from conveyor.engine.speculative.verify import Speculator
 from conveyor.engine.step_observer import StepObserver
 from conveyor.wire.heartbeat import EngineLoad  # torch-free: the heartbeat and metrics read the same type
 
@@ -67,6 +69,10 @@ class Engine:
         self.block_manager = BlockManager(runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager, clock, max_model_len=max_model_len)
         self.sampler = Sampler(build_kernel=str(getattr(runner, "device", "")) == "cpu")
+        self.speculator = Speculator(
+            config.speculate, self.block_manager,
+            NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max), max_model_len,
+        )
         self.grammars = GrammarCompiler(tokenizer, self.eos_token_ids)
         self._detokenizers: dict[tuple[str, int], Detokenizer] = {}  # by (request id, choice)
         self._steps = 0
@@ -171,7 +177,8 @@ class Engine:
             return events
         self._steps += 1
         prefill_tokens = sum(c.length for c in output.chunks if c.length > 1 or c.seq.num_generated == 0)
-        sampling_seqs = [chunk.seq for chunk in output.chunks if chunk.sample]
+        drafted = self.speculator.propose(output)  # after the scheduler's allocations: never preempts
+        sampling_seqs = [chunk.seq for chunk in output.chunks if chunk.sample and not chunk.draft]
         forward_started = time.perf_counter()
         copies = self.block_manager.take_copies()
         if copies:  # copy-on-write of forks' shared blocks; done before the forward, not after it
@@ -180,6 +187,9 @@ class Engine:
         forward_s = time.perf_counter() - forward_started
         self.scheduler.complete(output)
         events += self._scored(output.chunks)
+        if drafted:
+            logits, draft_logits = self.speculator.split(output.chunks, logits)
+            events += self.speculator.verify(drafted, draft_logits, self.sampler, self._token_event)
         if sampling_seqs:
             sampling_seqs, logits = self._fork(sampling_seqs, logits)
             if observer is not None:
@@ -339,4 +349,7 @@ class Engine:
             prefix_cache_hit_tokens=bm.num_hit_tokens,
             preemptions=self.scheduler.num_preemptions,
             steps=self._steps,
+            spec_drafts=self.speculator.stats.num_drafts,
+            spec_draft_tokens=self.speculator.stats.num_draft_tokens,
+            spec_accepted_tokens=self.speculator.stats.num_accepted_tokens,
         )

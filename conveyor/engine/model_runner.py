@@ -158,10 +158,11 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
-        """float32 logits [number of chunks that sample, vocab], in chunk order."""
+        """float32 logits [rows, vocab]: a row per chunk that samples, in chunk order (1 + len(draft)
+        rows for a chunk with a draft)."""
         if (observer := self.observer) is None:
             return self._execute(chunks)
-        decode_rows = sum(1 for c in chunks if c.length == 1)
+        decode_rows = sum(1 + len(c.draft) for c in chunks if c.length == 1)
         prefill_tokens = sum(c.length for c in chunks if c.length != 1)
         observer.batch(decode_rows, prefill_tokens, sum(1 for c in chunks if c.sample))
         observer.start("execute")
@@ -176,48 +177,60 @@ class ModelRunner:
         bs = self.block_size
         # Decode rows first, sorted by the number of KV blocks they read: the torch backend batches
         # only rows of equal width (so that no row's rounding depends on its neighbours), and
-        # sorting makes those groups as large as they can be.
-        decode = sorted((c for c in chunks if c.length == 1), key=lambda c: c.start // bs)
-        order = decode + [c for c in chunks if c.length != 1]
+        # sorting makes those groups as large as they can be. A decode with a draft is one decode
+        # row per position, each seeing the context up to itself: the rows (and bits) the same
+        # tokens would get decoded one step at a time (the KV is written before attention reads).
+        decode = sorted(
+            ((c, j) for c in chunks if c.length == 1 for j in range(1 + len(c.draft))),
+            key=lambda row: (row[0].start + row[1]) // bs,
+        )
+        prefill = [c for c in chunks if c.length != 1]
+        order = [c for c, j in decode if j == 0] + prefill
         ids: list[int] = []
         positions: list[int] = []
         slot_parts: list[torch.Tensor] = []
         decode_slots: list[int] = []
-        last_row: dict[int, int] = {}  # id(chunk) -> its last row in the batch
-        for c in order:
+        last_row: dict[int, int] = {}  # id(chunk) -> its last row in the batch (a draft's: its first)
+        draft_rows: dict[int, list[int]] = {}  # id(chunk) -> the rows of its draft positions
+        for c, j in decode:
+            if j == 0:
+                self._check(c)
+                last_row[id(c)] = len(ids)
+            else:
+                draft_rows.setdefault(id(c), []).append(len(ids))
+            p = c.start + j
+            ids.append(c.draft[j - 1] if j else c.seq.token_ids[p])
+            positions.append(p)
+            decode_slots.append(c.seq.block_table[p // bs] * bs + p % bs)
+        for c in prefill:
             self._check(c)
             table, end = c.seq.block_table, c.start + c.length
             ids += c.seq.token_ids[c.start : end]
-            if c.length == 1:
-                positions.append(c.start)
-                decode_slots.append(table[c.start // bs] * bs + c.start % bs)
-            else:
-                positions += range(c.start, end)
-                blocks = torch.tensor(table[c.start // bs : (end - 1) // bs + 1], dtype=torch.long)
-                first = c.start % bs
-                slot_parts.append(
-                    (blocks[:, None] * bs + torch.arange(bs)).view(-1)[first : first + c.length]
-                )
+            positions += range(c.start, end)
+            blocks = torch.tensor(table[c.start // bs : (end - 1) // bs + 1], dtype=torch.long)
+            first = c.start % bs
+            slot_parts.append((blocks[:, None] * bs + torch.arange(bs)).view(-1)[first : first + c.length])
             last_row[id(c)] = len(ids) - 1
         slots = torch.cat([torch.tensor(decode_slots, dtype=torch.long), *slot_parts]).to(self.device)
         num_decode = len(decode_slots)
         batch = AttentionBatch(
             num_decode=num_decode,
-            query_lens=[c.length for c in order],
-            context_lens=[c.start + c.length for c in order],
-            block_tables=[c.seq.block_table for c in order],
+            query_lens=[1] * num_decode + [c.length for c in prefill],
+            context_lens=[c.start + j + 1 for c, j in decode] + [c.start + c.length for c in prefill],
+            block_tables=[c.seq.block_table for c, _ in decode] + [c.seq.block_table for c in prefill],
             slots=slots,
         )
         meta = self.attention.prepare(batch)
         ids_t = torch.tensor(ids, dtype=torch.long, device=self.device)
         pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
         hidden = None
-        if self.graphs is not None and num_decode == len(order):
+        if self.graphs is not None and not prefill:
             hidden = self.graphs.run(ids_t, pos_t, meta)
         if hidden is None:
             hidden = self._forward(ids_t, pos_t, meta)
         self._score_prompts(order, hidden, last_row)
-        rows = [last_row[id(c)] for c in chunks if c.sample]
+        # A chunk with a draft gets a logits row per position, in position order.
+        rows = [r for c in chunks if c.sample for r in (last_row[id(c)], *draft_rows.get(id(c), ()))]
         if not rows:
             return torch.empty(0, self.vocab_size, dtype=torch.float32, device=self.device)
         picked = hidden.index_select(0, torch.tensor(rows, dtype=torch.long, device=self.device))
@@ -267,12 +280,13 @@ class ModelRunner:
 
     def _check(self, c: ScheduledChunk) -> None:
         end = c.start + c.length
+        room = end + len(c.draft)
         if c.length < 1 or c.start < 0 or end > c.seq.num_tokens:
             raise ValueError(
                 f"chunk of {c.seq.request_id!r} [{c.start}, {end}) is outside its {c.seq.num_tokens} tokens"
             )
-        if len(c.seq.block_table) * self.block_size < end:
+        if len(c.seq.block_table) * self.block_size < room:
             raise ValueError(
                 f"block table of {c.seq.request_id!r} covers {len(c.seq.block_table) * self.block_size} "
-                f"positions, the chunk needs {end}"
+                f"positions, the chunk needs {room}"
             )

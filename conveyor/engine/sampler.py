@@ -46,8 +46,10 @@ class Sampler:
         if build_kernel:  # compiled (or loaded from its cache) at start-up, not in the first step
             greedy_kernel.load()
 
-    def sample(self, logits: Tensor, seqs: list[Sequence]) -> SamplerOutput:
+    def sample(self, logits: Tensor, seqs: list[Sequence], ahead: list[int] | None = None) -> SamplerOutput:
         """Choose one token per row; row i of `logits` ([n, V], float32) belongs to `seqs[i]`.
+        `ahead[i]`: row i chooses the token that many places after seq's next one (a draft's rows,
+        speculative/verify.py): its draw is the one that token's index gets; default 0 for all.
 
         Logprobs (of the chosen token and of the top-n alternatives) are the log_softmax of the
         logits after penalties and temperature, before top-k/top-p/typical-p truncation. Greedy rows
@@ -61,14 +63,16 @@ class Sampler:
         params = [seq.sampling for seq in seqs]
         x = _apply_penalties(_apply_logit_bias(_apply_grammar(logits, seqs), seqs), seqs)
         fast = [i for i, p in enumerate(params) if p.greedy and not p.top_n_tokens]
+        ahead = ahead or [0] * len(seqs)
         if not fast or not greedy_kernel.usable(x):
-            return self._general(x, x is logits, seqs)
+            return self._general(x, x is logits, seqs, ahead)
         if len(fast) == len(seqs):
             index, logprob = greedy_kernel.greedy(x)
             return SamplerOutput(index.tolist(), logprob.tolist(), [[] for _ in seqs])
         rest = [i for i, p in enumerate(params) if not p.greedy or p.top_n_tokens]
         index, logprob = greedy_kernel.greedy(x[torch.tensor(fast, device=x.device)])
-        out = self._general(x[torch.tensor(rest, device=x.device)], False, [seqs[i] for i in rest])
+        out = self._general(x[torch.tensor(rest, device=x.device)], False, [seqs[i] for i in rest],
+                            [ahead[i] for i in rest])
         token_ids, logprobs = [0] * len(seqs), [0.0] * len(seqs)
         top_tokens: list[list[tuple[int, float]]] = [[] for _ in seqs]
         for i, token_id, lp in zip(fast, index.tolist(), logprob.tolist(), strict=True):
@@ -77,9 +81,12 @@ class Sampler:
             token_ids[i], logprobs[i], top_tokens[i] = out.token_ids[j], out.logprobs[j], out.top_tokens[j]
         return SamplerOutput(token_ids, logprobs, top_tokens)
 
-    def _general(self, x: Tensor, shared: bool, seqs: list[Sequence]) -> SamplerOutput:
+    def _general(
+        self, x: Tensor, shared: bool, seqs: list[Sequence], ahead: list[int] | None = None
+    ) -> SamplerOutput:
         """Any rows: log_softmax, the argmax or a draw, top-n. `shared`: x is the caller's logits,
-        which the draw must not filter in place."""
+        which the draw must not filter in place; `ahead` as in `sample`."""
+        ahead = ahead or [0] * len(seqs)
         params = [seq.sampling for seq in seqs]
         temps = [1.0 if p.greedy else p.temperature for p in params]
         if any(t != 1.0 for t in temps):
@@ -90,11 +97,11 @@ class Sampler:
         if not sampled:
             chosen = x.argmax(dim=-1)
         elif len(sampled) == len(seqs):
-            chosen = _draw(x.clone() if shared else x, seqs)  # _draw filters in place
+            chosen = _draw(x.clone() if shared else x, seqs, ahead)  # _draw filters in place
         else:
             chosen = x.argmax(dim=-1)
             rows = torch.tensor(sampled, device=x.device)
-            chosen[rows] = _draw(x[rows], [seqs[i] for i in sampled])
+            chosen[rows] = _draw(x[rows], [seqs[i] for i in sampled], [ahead[i] for i in sampled])
 
         token_ids = chosen.tolist()
         chosen_logprobs = logprobs.gather(1, chosen[:, None])[:, 0].tolist()
@@ -173,7 +180,7 @@ def _apply_penalties(logits: Tensor, seqs: list[Sequence]) -> Tensor:
     return out
 
 
-def _draw(x: Tensor, seqs: list[Sequence]) -> Tensor:
+def _draw(x: Tensor, seqs: list[Sequence], ahead: list[int]) -> Tensor:
     """Sample one token per row of temperature-scaled logits `x` (filtered in place) after top-k,
     top-p and typical-p, applied in that order as in HF."""
     params = [seq.sampling for seq in seqs]
@@ -200,7 +207,8 @@ def _draw(x: Tensor, seqs: list[Sequence]) -> Tensor:
     # Inverse CDF in token-id order: the first token whose cumulative mass exceeds u * total.
     cdf = torch.softmax(x, dim=-1).cumsum(dim=-1)
     total = cdf[:, -1:]
-    u = torch.tensor([[_uniform(seq)] for seq in seqs], device=x.device, dtype=cdf.dtype)
+    u = torch.tensor([[_uniform(seq, a)] for seq, a in zip(seqs, ahead, strict=True)], device=x.device,
+                     dtype=cdf.dtype)
     # Below total, so the search always lands on a token with non-zero probability.
     target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cdf, target, right=True)[:, 0].clamp_(max=vocab - 1)
@@ -255,13 +263,13 @@ def _per_row(values: list[float], like: Tensor) -> Tensor:
     return torch.tensor(values, device=like.device, dtype=like.dtype)
 
 
-def _uniform(seq: Sequence) -> float:
-    """A uniform in [0, 1) from (seed, index of the token): the same on any worker and in any batch.
-    24 bits, so it is exact in float32."""
+def _uniform(seq: Sequence, ahead: int = 0) -> float:
+    """A uniform in [0, 1) from (seed, index of the token): the same on any worker and in any batch,
+    and for a draft's row `ahead` places on the same as a step at a time. 24 bits: exact in float32."""
     seed = seq.sampling.seed
     if seed is None:
         raise ValueError(f"request {seq.request_id} samples without a seed; the engine must set one")
-    return (_splitmix64(_splitmix64(seed) ^ seq.num_generated) >> 40) / float(1 << 24)
+    return (_splitmix64(_splitmix64(seed) ^ (seq.num_generated + ahead)) >> 40) / float(1 << 24)
 
 
 def _splitmix64(z: int) -> int:

@@ -70,6 +70,9 @@ class Sequence:
     # its KV blocks instead of computing the prompt again; conveyor/engine/fork.py).
     choice: int = 0
     forks: tuple[Sequence, ...] = ()
+    # Speculative decoding: the most draft tokens to propose next, adapted to how many were
+    # accepted (conveyor/engine/speculative/verify.py); None: not speculated yet.
+    draft_limit: int | None = None
 
     def __post_init__(self) -> None:
         if not self.token_ids:

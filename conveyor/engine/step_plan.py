@@ -17,12 +17,16 @@ class ScheduledChunk:
     The block table already covers every position up to start + length. A request that asks for
     no token (max_new_tokens 0: scoring only) never samples. `prompt_scores`: what the forward
     scored of the prompt in this chunk (conveyor/engine/prompt_logprobs.py), filled by the model runner.
+    `draft`'s tokens are not in `seq.token_ids` and their block table room is the draft's own.
     """
 
     seq: Sequence
     start: int
     length: int
     prompt_scores: list[PromptScore] = field(default_factory=list)
+    # Speculative decoding (a decode only): tokens guessed to follow, at positions start+1...; the
+    # forward returns logits for each of the 1 + len(draft) positions (conveyor/engine/speculative/).
+    draft: list[int] = field(default_factory=list)
 
     @property
     def completes(self) -> bool:

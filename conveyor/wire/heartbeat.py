@@ -27,6 +27,10 @@ class EngineLoad(BaseModel):
     prefix_cache_hit_tokens: int = 0  # of which found there
     preemptions: int = 0
     steps: int = 0
+    # Speculative decoding (since start): drafts verified, their tokens, of which accepted.
+    spec_drafts: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
 
 
 class WorkerInfo(BaseModel):

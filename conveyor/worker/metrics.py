@@ -61,6 +61,13 @@ class _Engine(Collector):
         yield CounterMetricFamily("conveyor_preemptions", "Sequences preempted (KV dropped, recomputed "
                                   "later)", value=s.preemptions)
         yield CounterMetricFamily("conveyor_engine_steps", "Engine steps that ran a forward", value=s.steps)
+        # vLLM's spec_decode counters: the acceptance rate is accepted / draft tokens.
+        yield CounterMetricFamily("conveyor_spec_decode_num_drafts", "Draft proposals verified (speculative "
+                                  "decoding)", value=s.spec_drafts)
+        yield CounterMetricFamily("conveyor_spec_decode_num_draft_tokens", "Draft tokens verified",
+                                  value=s.spec_draft_tokens)
+        yield CounterMetricFamily("conveyor_spec_decode_num_accepted_tokens", "Draft tokens accepted",
+                                  value=s.spec_accepted_tokens)
 
 
 class WorkerMetrics:

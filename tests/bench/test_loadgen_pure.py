@@ -15,7 +15,9 @@ from conveyor.bench.arrival import schedule
 from conveyor.bench.metrics import meets, parse_slo, percentile, summarize
 from conveyor.bench.record import Record
 from conveyor.bench.workloads import (
+    SENTENCES,
     HFTokenizer,
+    copy_workload,
     jsonl_workload,
     parse_length,
     random_workload,
@@ -50,6 +52,25 @@ def test_shared_prefix_prompts_start_alike(tok: HFTokenizer) -> None:
     assert all(len(r.prompt) == 44 for r in reqs)
     assert reqs[0].prompt[:20] == reqs[1].prompt[:20] == reqs[2].prompt[:20]
     assert reqs[0].prompt[24:] != reqs[1].prompt[24:]
+
+
+def test_copy_prompts_hold_documents_of_known_sentences_at_least_their_length(tok: HFTokenizer) -> None:
+    reqs = copy_workload(tok, 6, "64-128", 96, seed=3)
+    assert reqs == copy_workload(tok, 6, "64-128", 96, seed=3)  # seeded
+    assert reqs != copy_workload(tok, 6, "64-128", 96, seed=4)
+    for req in reqs:
+        assert isinstance(req.prompt, str) and req.output_len == 96
+        assert 64 <= req.prompt_len == len(tok.encode(req.prompt)) < 128 + 40  # + at most one sentence
+        head, document = req.prompt.split("\n\n", 1)
+        assert "word for word" in head
+        rest = document
+        for _ in range(len(document)):  # every word of the document is one of the sentences'
+            rest = rest.lstrip()
+            if not rest:
+                break
+            sentence = next(s for s in SENTENCES if rest.startswith(s))
+            rest = rest[len(sentence):]
+        assert rest == ""
 
 
 def test_stream_client_workload_follows_its_recipe() -> None:
