@@ -204,9 +204,53 @@ class Settings(BaseSettings):
         description="Decode batch sizes captured as CUDA graphs, e.g. '1,2,4,8' (TGI's name); '0': "
         "none; unset: 1, 2, 4, 8, then every 16 up to max_batch_size.",
     )
+    speculate: int = Field(
+        default=0, ge=0, le=16,
+        description="Draft tokens per decode by prompt lookup (speculative decoding, TGI's name); 0: off. "
+        "Greedy requests without penalties or grammar; output unchanged.",
+    )
+    prompt_lookup_min: int = Field(default=1, ge=1, description="Shortest n-gram the lookup matches (vLLM).")
+    prompt_lookup_max: int = Field(default=3, ge=1, description="Longest n-gram the lookup matches (vLLM).")
+
+    # --- the simulated engine (docs/operations/simulated-engine.md) -------------------------
+    engine: Literal["model", "sim"] = Field(
+        default="model",
+        description="model: run the model. sim: a simulated engine for capacity planning and tests: the "
+        "real scheduler, KV accounting and detokenizer, no weights, a step that takes the time the sim_* "
+        "figures model, tokens drawn deterministically from the tokenizer's vocabulary.",
+    )
+    sim_step_fixed_ms: float = Field(
+        default=1.5, ge=0, description="sim: fixed time of every step (launches, sampling, host), ms.")
+    sim_weight_gb: float = Field(
+        default=16.06, ge=0, description="sim: weights read per step, GB (8B parameters in bfloat16).")
+    sim_kv_bytes_per_token: int = Field(
+        default=131072, ge=1,
+        description="sim: K/V bytes per context token (32 layers × 8 KV heads × 128 × 2 × 2 bytes); "
+        "also sizes the simulated KV cache.")
+    sim_memory_bandwidth_gbs: float = Field(
+        default=3120, gt=0, description="sim: achieved memory bandwidth, GB/s (65 % of an H200's 4.8 TB/s).")
+    sim_prefill_gflop_per_token: float = Field(
+        default=16.06, ge=0, description="sim: prefill compute per prompt token, GFLOP (2 × parameters).")
+    sim_tflops: float = Field(
+        default=545, gt=0, description="sim: achieved prefill TFLOP/s (55 % of an H200's 989 dense bf16).")
+    sim_gpu_memory_gb: float = Field(
+        default=141, gt=0,
+        description="sim: GPU memory, GB; kv_cache_fraction takes its share of what the weights leave.")
 
     # --- jobs -------------------------------------------------------------------------------
-    result_ttl: int = Field(default=3600, ge=1, description="Seconds a finished job's keys live.")
+    result_ttl: int = Field(default=3600, ge=1, description="Seconds a finished job's record (status, "
+                            "result) lives.")
+    replay_window: int = Field(
+        default=600, ge=1,
+        description="Seconds a finished job's per-token events live (at most result_ttl); after it, a "
+        "replay of the job is its one final event with the whole result, read from its record.",
+    )
+    stream_interval_ms: float = Field(
+        default=20, ge=0, le=1000,
+        description="Longest a job's token waits in the worker to go out with its next ones (one event "
+        "stream entry and one live message for several steps' tokens, as SGLang's --stream-interval); "
+        "first tokens and ends never wait. 0: every step's tokens go out at the step's end.",
+    )
     event_stream_maxlen: int = Field(
         default=16384, ge=16,
         description="Cap of a job's event stream; must exceed max_total_tokens so a job can be resumed.",
@@ -364,6 +408,11 @@ class Settings(BaseSettings):
                 f"event_stream_maxlen ({self.event_stream_maxlen}) must be > max_total_tokens "
                 f"({self.max_total_tokens}): a resumed job needs all its events; raise it"
             )
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(
+                f"prompt_lookup_min ({self.prompt_lookup_min}) must be <= prompt_lookup_max "
+                f"({self.prompt_lookup_max})"
+            )
         if self.heartbeat_interval_ms * 3 > self.job_lease_ms:
             raise ValueError(
                 f"heartbeat_interval_ms ({self.heartbeat_interval_ms}) must be at most a third of "
@@ -389,6 +438,11 @@ class Settings(BaseSettings):
             raise ValueError(f"webhook_retry_schedule {self.webhook_retry_schedule!r}: give up to 20 "
                              "non-negative numbers of seconds, comma-separated, e.g. 10,40,160")
         return delays
+
+    @property
+    def events_ttl(self) -> int:
+        """Seconds a finished job's per-token events live: `replay_window`, never past its record."""
+        return min(self.replay_window, self.result_ttl)
 
     @property
     def kv_cache_bytes(self) -> int | None:

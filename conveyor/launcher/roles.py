@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import signal
+from pathlib import Path
 
 from conveyor.settings import Settings
 
@@ -59,13 +60,56 @@ def engine_config(settings: Settings):  # type: ignore[no-untyped-def]
         attention=settings.attention,
         gemm_dtype=settings.gemm_dtype,
         cuda_graphs=settings.cuda_graph_sizes(),
+        speculate=settings.speculate,
+        prompt_lookup_min=settings.prompt_lookup_min,
+        prompt_lookup_max=settings.prompt_lookup_max,
     )
+
+
+def step_time_model(settings: Settings):  # type: ignore[no-untyped-def]
+    from conveyor.engine.sim_timing import GB, StepTimeModel
+
+    return StepTimeModel(
+        fixed_s=settings.sim_step_fixed_ms / 1000,
+        weight_bytes=settings.sim_weight_gb * GB,
+        kv_bytes_per_token=settings.sim_kv_bytes_per_token,
+        memory_bandwidth=settings.sim_memory_bandwidth_gbs * GB,
+        prefill_flops_per_token=settings.sim_prefill_gflop_per_token * GB,
+        flops=settings.sim_tflops * 1e12,
+        gpu_memory_bytes=settings.sim_gpu_memory_gb * GB,
+    )
+
+
+# Settings of the model's forward, which the simulated engine has none of.
+MODEL_ONLY = ("device", "attention", "gemm_dtype", "kv_cache_dtype", "cuda_graphs", "speculate",
+              "prompt_lookup_min", "prompt_lookup_max")
+
+
+def ignored_settings(settings: Settings) -> list[str]:
+    """Settings given away from their default that the chosen engine does not use."""
+    if settings.engine == "sim":
+        names = list(MODEL_ONLY)
+    else:
+        names = [name for name in Settings.model_fields if name.startswith("sim_")]
+    return [name for name in names if getattr(settings, name) != Settings.model_fields[name].default]
+
+
+def build_engine(settings: Settings, path: Path):  # type: ignore[no-untyped-def]
+    """The model's engine, or with engine=sim the simulated one (no weights loaded)."""
+    from conveyor.engine.engine import Engine
+
+    for name in ignored_settings(settings):
+        log.warning("--%s has no effect with --engine %s", name.replace("_", "-"), settings.engine)
+    if settings.engine == "sim":
+        from conveyor.engine.sim import SimEngine
+
+        return SimEngine.from_model_dir(path, engine_config(settings), step_time_model(settings))
+    return Engine.from_pretrained(path, engine_config(settings))
 
 
 def run_worker(settings: Settings, worker_id: str | None) -> int:
     from redis.exceptions import ConnectionError as RedisConnectionError
 
-    from conveyor.engine.engine import Engine
     from conveyor.engine.off_main import build_off_main
     from conveyor.telemetry import prom
     from conveyor.telemetry.logs import bind, redact
@@ -79,7 +123,7 @@ def run_worker(settings: Settings, worker_id: str | None) -> int:
     bind(worker_id=worker_id)
     source = _model(settings)
     # Not on this thread: the engine thread steps it (conveyor/engine/off_main.py says why that costs ~20 %).
-    engine = build_off_main(lambda: Engine.from_pretrained(source.path, engine_config(settings)))
+    engine = build_off_main(lambda: build_engine(settings, source.path))
     tracing = Tracing.from_settings(settings, "conveyor-worker")
 
     async def main() -> None:

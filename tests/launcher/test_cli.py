@@ -66,3 +66,22 @@ def test_kv_cache_dtype_reaches_the_engine_config(monkeypatch: pytest.MonkeyPatc
     assert engine_config(Settings()).kv_cache_dtype == "bfloat16"
     with pytest.raises(SystemExit, match="invalid settings: --kv-cache-dtype"):
         settings_from(build_parser().parse_args(["worker", "--kv-cache-dtype", "fp8"]))
+
+
+def test_the_sim_flags_reach_the_step_time_model() -> None:
+    from conveyor.launcher.cli import settings_from
+    from conveyor.launcher.roles import ignored_settings, step_time_model
+
+    args = build_parser().parse_args(["worker", "--engine", "sim", "--sim-tflops", "600",
+                                      "--sim-step-fixed-ms", "2", "--sim-memory-bandwidth-gbs", "4000"])
+    settings = settings_from(args)
+    model = step_time_model(settings)
+    assert settings.engine == "sim"
+    assert (model.flops, model.fixed_s, model.memory_bandwidth) == (600e12, 0.002, 4e12)
+    assert model == step_time_model(Settings(engine="sim", sim_tflops=600, sim_step_fixed_ms=2,
+                                             sim_memory_bandwidth_gbs=4000))
+    # a knob the chosen engine does not use is named at start-up, not silently dropped
+    assert ignored_settings(Settings(engine="sim", attention="torch")) == ["attention"]
+    assert ignored_settings(Settings(engine="sim", speculate=4)) == ["speculate"]  # no logits to verify
+    assert ignored_settings(Settings(sim_tflops=600)) == ["sim_tflops"]
+    assert ignored_settings(Settings(engine="sim")) == ignored_settings(Settings()) == []
