@@ -45,6 +45,15 @@ def cluster_port() -> int:
     raise RedisServerError("no free port pair (port, port + 10000) for a cluster node on loopback")
 
 
+def client_port(node: EmbeddedRedis) -> int:
+    """The port a node gives clients in CLUSTER SLOTS and MOVED: its `--cluster-announce-port` (a
+    front such as the tests' TLS proxy), else its own."""
+    args = list(node.extra_args)
+    if "--cluster-announce-port" in args:
+        return int(args[args.index("--cluster-announce-port") + 1])
+    return node.port
+
+
 class LocalCluster:
     def __init__(self, data_dir: Path, nodes: int = 3, appendfsync: str = "everysec", replicas: int = 0,
                  node_timeout_ms: int = NODE_TIMEOUT_MS) -> None:
@@ -119,7 +128,7 @@ class LocalCluster:
         with self.client(self.live()[0]) as client:
             slot = int(client.execute_command("CLUSTER", "KEYSLOT", key))
         port = next(p for first, last, p in self._slot_owners(self.live()[0]) if first <= slot <= last)
-        return next(n for n in self.nodes if n.port == port)
+        return next(n for n in self.nodes if client_port(n) == port)
 
     def replica_of(self, primary: EmbeddedRedis) -> EmbeddedRedis:
         """A live replica of `primary` (the one a failover promotes)."""
@@ -159,7 +168,7 @@ class LocalCluster:
             if not all(i.get("cluster_state") == "ok" for i in self._infos()):
                 return False
             views = {self._slot_owners(n) for n in self.live()}
-            live = {n.port for n in self.live()}
+            live = {client_port(n) for n in self.live()}
             return len(views) == 1 and all(port in live for _f, _l, port in views.pop())
         self._until(ok, "cluster_state:ok on every live node, one view of the slots, each slot's "
                     "primary alive", timeout)
