@@ -31,7 +31,8 @@ from conveyor.api.jobpath.store import JobStore
 from conveyor.jobqueue.client import make_client, split_url
 from conveyor.jobqueue.keys import Keys
 from conveyor.settings import Settings
-from conveyor.wire.job import JobEvent, JobSpec, JobStatus, RecordField, SamplingSpec, StoppingSpec
+from conveyor.wire.event_batch import events_after
+from conveyor.wire.job import JobSpec, JobStatus, RecordField, SamplingSpec, StoppingSpec
 
 REPO = Path(__file__).resolve().parents[1]
 IDLE_S = 2.0  # the idle window: what ready workers cost Redis with no job (heartbeats, blocked reads)
@@ -192,17 +193,22 @@ async def run_workload(
             await _check(redis, keys, specs, tokens, run)
             return run
         finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM)
-            for proc in procs:
-                try:
-                    proc.wait(60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop_workers(procs)
             for node in nodes:
                 await node.aclose()
+
+
+def stop_workers(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM to every worker still running (they drain at once: nothing runs), then waits."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 async def _wait_heartbeats(
@@ -248,6 +254,6 @@ async def _check(redis: Redis, keys: Keys, specs: list[JobSpec], tokens: int, ru
             continue
         run.owners[spec.id] = record[RecordField.WORKER]
         entries = await redis.xrange(keys.events(spec.id))
-        indices = [JobEvent.model_validate_json(fields["e"]).index for _, fields in entries]
+        indices = [event.index for event in events_after(entries, -1)]
         if indices != list(range(tokens)):
             run.bad_events[spec.id] = indices

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import queue
 import time
 import uuid
 from dataclasses import dataclass
@@ -125,7 +126,9 @@ async def _client(url: str, seconds: float, batch: int, tokens: int, prompt: int
                             int(final),
                             result.status.value if result else "",
                             result.model_dump_json() if result else "",
-                            60,
+                            60,  # the record's ttl
+                            60,  # the events' ttl (replay_window)
+                            index,  # the final event's index, kept in the record
                         ],
                     )
                 await pipe.execute()
@@ -156,6 +159,17 @@ async def _server(url: str) -> tuple[int, float]:
     return commands, cpu_s
 
 
+def _result(out: Queue, procs: list[multiprocessing.process.BaseProcess]) -> int:
+    """One client's token count; a client that died (its traceback is above) fails the load instead
+    of leaving it waiting forever."""
+    while True:
+        try:
+            return int(out.get(timeout=1))
+        except queue.Empty:
+            if any(proc.exitcode not in (None, 0) for proc in procs):
+                raise RuntimeError("a load client failed (its traceback is above)") from None
+
+
 def measure(
     url: str, seconds: float = 10.0, clients: int = 3, batch: int = 16, tokens: int = 64, prompt: int = 16
 ) -> Load:
@@ -176,7 +190,7 @@ def measure(
     commands0, cpu0 = asyncio.run(_server(url))
     t0 = time.monotonic()
     start.set()
-    tokens_done = sum(out.get() for _ in procs)
+    tokens_done = sum(_result(out, procs) for _ in procs)
     elapsed = time.monotonic() - t0
     for proc in procs:
         proc.join()

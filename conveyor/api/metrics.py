@@ -26,7 +26,8 @@ GENERATION_ROUTES = frozenset({"/generate", "/generate_stream", "/", "/v1/chat/c
 REFUSED = {400: "validation", 413: "validation", 422: "validation", 401: "unauthorized", 429: "overloaded",
            503: "unavailable"}
 SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
-LAG_SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+LAG_SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.035, 0.05, 0.075, 0.1, 0.25, 0.5, 1,
+               2.5)
 
 
 class ApiMetrics:
@@ -51,8 +52,10 @@ class ApiMetrics:
                                 ["status"], registry=r)
         self.sse_clients = Gauge("conveyor_sse_clients", "Clients following a job's events through this "
                                  "api (SSE streams, and sync requests waiting on their job)", registry=r)
-        self.relay_lag = Histogram("conveyor_relay_lag_seconds", "Seconds from a worker publishing an event "
-                                   "to this api's relay receiving it", buckets=LAG_SECONDS, registry=r)
+        self.relay_lag = Histogram("conveyor_relay_lag_seconds", "Seconds from the engine emitting a token "
+                                   "(the worker's stamp) to this api's relay receiving it: the stream "
+                                   "interval, the worker's write and the pub/sub hop",
+                                   buckets=LAG_SECONDS, registry=r)
         self.webhooks = Counter("conveyor_webhooks_enqueued", "Webhooks handed to the webhook queue (jobs "
                                 "the api ended)", ["event"], registry=r)
         self.batches = Counter("conveyor_batches", "Batches that reached each status (validating, "

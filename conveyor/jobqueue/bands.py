@@ -58,3 +58,24 @@ def shard_order(read: int, shards: int) -> tuple[int, ...]:
     """The shards in the order read number `read` takes from them: each read starts at the next one."""
     first = read % shards
     return tuple((first + i) % shards for i in range(shards))
+
+
+def fleet_quotas(waiting: dict[int, tuple[int, list[int]]], shards: tuple[int, ...],
+                 room: int) -> dict[int, int]:
+    """How many entries to take from each shard so that `room` goes in band order across the shards.
+
+    `waiting[shard]` is (entries on this worker's own stream, entries waiting in each band in the
+    read's order). Own streams come first (prefix affinity placed those jobs here), then band by band,
+    each band over the shards in `shards`' order. A shard's quota is thus a prefix of its own read
+    order, which its READ takes highest band first: the fleet reads as one queue."""
+    quota = dict.fromkeys(shards, 0)
+    left = room
+    ranks = max((len(bands) for _own, bands in waiting.values()), default=0)
+    for rank in range(-1, ranks):  # -1: the own streams
+        for shard in shards:
+            own, bands = waiting.get(shard, (0, []))
+            n = own if rank < 0 else (bands[rank] if rank < len(bands) else 0)
+            take = min(max(n, 0), left)
+            quota[shard] += take
+            left -= take
+    return quota

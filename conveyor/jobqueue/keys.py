@@ -102,6 +102,19 @@ class Keys:
         worker leaves it with its empty streams)."""
         return f"{self.shard_prefix(shard)}:owners"
 
+    def placed(self, shard: int) -> str:
+        """Stream: the doorbell of the shard's own streams. The api's ENQUEUE adds an entry whenever it
+        places a job on a worker's own stream, so an idle worker blocks on this one key (XREAD) instead
+        of polling every owner's stream (conveyor/worker/queue_reader.py). No TTL: one entry at most
+        (MAXLEN 1), shard's hash tag."""
+        return f"{self.shard_prefix(shard)}:placed"
+
+    @property
+    def sweeper(self) -> str:
+        """String: the worker that sweeps the fleet's streams for abandoned jobs (conveyor/worker/lease.py),
+        one at a time; PX of two heartbeats, renewed by its holder at each of its heartbeats."""
+        return f"{self.prefix}:sweeper"
+
     def prefixes(self, worker_id: str) -> str:
         """String: a worker's prefix-cache summary (conveyor/jobqueue/placement.py); TTL job_lease_ms,
         rewritten
@@ -109,8 +122,10 @@ class Keys:
         return f"{self.prefix}:prefixes:{worker_id}"
 
     def untimed(self, key: str) -> bool:
-        """A key documented to have no TTL: the fleet keys, the workers' own streams and the owners."""
-        own = key.startswith(f"{self.prefix}:jobs:{{jobs-") and (":w:" in key or key.endswith(":owners"))
+        """A key documented to have no TTL: the fleet keys, the workers' own streams, the owners and the
+        doorbell of the own streams."""
+        own = key.startswith(f"{self.prefix}:jobs:{{jobs-") and (
+            ":w:" in key or key.endswith((":owners", ":placed")))
         return key in self.fleet_keys or own
 
     @property

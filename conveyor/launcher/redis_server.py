@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 
 
 PORT_ATTEMPTS = 3
+HASH_MAX_LISTPACK_VALUE = 4096  # bytes; every Valkey Conveyor ships is configured so (deploy/ too)
 
 
 class RedisServerError(RuntimeError):
@@ -109,6 +110,9 @@ class EmbeddedRedis:
             "--appendonly", "yes",
             "--appendfsync", self.appendfsync,
             "--save", "",
+            # A finished job's record (a hash) stays a listpack up to this value size: the default 64
+            # makes it a hashtable, about 300 bytes more per job (docs/operations/redis.md#memory-per-job).
+            "--hash-max-listpack-value", str(HASH_MAX_LISTPACK_VALUE),
             "--protected-mode", "yes",
             "--daemonize", "no",
             "--loglevel", "warning",

@@ -200,13 +200,22 @@ class JobEvent(BaseModel):
         """The final event of a job that ends without a token of its own; `index`: tokens before it."""
         return cls(index=index, final=True, result=result)
 
+    @classmethod
+    def from_record(cls, record: dict[str, str]) -> JobEvent | None:
+        """An ended job's final event as its record keeps it once its per-token events expired
+        (`replay_window`): its index, `final`, and the whole result (text, usage, every choice);
+        no token of its own. None while the job has not ended (or ended before records kept it)."""
+        index, result = record.get(RecordField.FINAL), record.get(RecordField.RESULT)
+        if index is None or result is None:
+            return None
+        return cls.ending(int(index), JobResult.model_validate_json(result))
+
 
 # Fields of the job record hash.
 class RecordField(StrEnum):
     STATUS = "status"
     SPEC = "spec"
     TENANT = "tenant"
-    CREATED_AT = "created_at"
     STARTED_AT = "started_at"
     FIRST_TOKEN_AT = "first_token_at"
     FINISHED_AT = "finished_at"
@@ -214,6 +223,8 @@ class RecordField(StrEnum):
     ATTEMPTS = "attempts"  # deliveries so far (1 = first run; more = resumed after a failure)
     SEED = "seed"  # fixed by the first worker for sampled jobs without one, so a resume continues exactly
     RESULT = "result"
+    FINAL = "final"  # the index of the job's final event: a replay after `replay_window` ends there
+    WATCHED = "watched"  # set once an api follows the job's events: only then does a worker publish them live
     CANCEL = "cancel"
     WEBHOOK_STARTED = "webhook_started"  # WebhookDelivery JSON: the `started` webhook's attempts
     WEBHOOK_COMPLETED = "webhook_completed"  # ... and the `completed` one's

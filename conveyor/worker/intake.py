@@ -23,6 +23,7 @@ from conveyor.jobqueue.keys import Keys
 from conveyor.jobqueue.pubsub.publish import publish_live
 from conveyor.jobqueue.queue import Entry, EntryRef
 from conveyor.jobqueue.scripts.worker import Scripts
+from conveyor.wire.event_batch import dump_events, events_after
 from conveyor.wire.job import JobEvent, JobResult, JobSpec, JobStatus, RecordField, Usage
 from conveyor.worker.choices import Choices
 from conveyor.worker.engine_thread import AddCommand
@@ -104,8 +105,7 @@ class Intake:
                 await self.drop(entry, "the job's record is gone (expired or deleted): nothing to run")
                 continue
             status, cancel, (started_at, first_token_at, seed) = record
-            events = sorted((JobEvent.model_validate_json(f["e"]) for _id, f in stream),
-                            key=lambda e: e.index)
+            events = sorted(events_after(stream, -1), key=lambda e: e.index)
             job.tokens = sum(1 for e in events if e.token is not None)
             if spec.width > 1:  # resumed per choice: conveyor/worker/choices.py
                 job.choices = Choices.replay(spec.width, events, len(spec.prompt_ids))
@@ -184,7 +184,7 @@ class Intake:
                 # A resumed job: the dead worker may have written its last event without publishing
                 # it. Publish it again (subscribers drop indices they have) so none sees a gap.
                 last = (t.events if t.job.choices is not None else t.tokens)[-1]
-                publish_live(pipe, self.keys.channel(t.job.job_id), last.model_dump_json(exclude_none=True))
+                publish_live(pipe, self.keys.channel(t.job.job_id), dump_events([last]))
         if len(pipe):
             await pipe.execute()
         for t, _command in starts:

@@ -2,9 +2,11 @@
 
 A job read from the consumer group is pending for its worker until acknowledged; its idle time is
 the lease. A live worker renews its jobs' leases at every heartbeat (an XCLAIM to itself, only of
-entries still its own), so a long generation is never taken over; every worker sweeps the group on
-every jobs stream for entries idle past the lease at two sweeps in a row — their worker died or
-hung — and resumes them. The heartbeat key (a TTL of one lease) says who is alive and how loaded it is.
+entries still its own), so a long generation is never taken over; one worker at a time (the sweeper,
+`sweeps`: it holds Keys.sweeper for two heartbeats and renews it at each of its own) sweeps the
+group on every jobs stream for entries idle past the lease at two sweeps in a row — their worker
+died or hung — and resumes them: the fleet's sweep costs one XPENDING per stream per heartbeat,
+whatever its size. The heartbeat key (a TTL of one lease) says who is alive and how loaded it is.
 """
 
 from __future__ import annotations
@@ -48,6 +50,17 @@ class Lease:
     async def leave(self) -> None:
         await self.redis.delete(self.keys.worker(self.worker_id))
         await self.redis.zrem(self.keys.worker_beats, self.worker_id)
+        await self.sweeps(False, 0)  # another worker sweeps from its next heartbeat on
+
+    async def sweeps(self, want: bool, ttl_ms: int) -> bool:
+        """Whether this worker sweeps this round: it holds the sweeper's turn, or took it (`want`: it
+        has room and does not drain; else it gives the turn up)."""
+        args = [self.worker_id, ttl_ms, int(want)]
+        (result,) = await self.scripts.execute(
+            lambda pipe: self.scripts.call(pipe, "sweep", [self.keys.sweeper], args))
+        if isinstance(result, Exception):
+            raise result
+        return bool(result)
 
     async def renew(self, refs: list[EntryRef]) -> set[EntryRef]:
         """Reset the idle time of entries still pending for this worker; returns those it lost."""

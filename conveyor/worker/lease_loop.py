@@ -1,6 +1,6 @@
 """The heartbeat (docs/design.md §1 step 8): every `heartbeat_interval_ms` a worker renews the leases
-of the jobs it owns, writes its heartbeat key, re-reads its jobs' cancel flags, and sweeps the group
-for jobs whose worker died or hung.
+of the jobs it owns, writes its heartbeat key, re-reads its jobs' cancel flags, and, if it is the
+fleet's sweeper (conveyor/worker/lease.py), sweeps the group for jobs whose worker died or hung.
 
 Renewing comes first in every round, and the runner restarts this loop after every Redis failure,
 so the first thing a worker does when Redis is back is renew its own leases; it sweeps for others'
@@ -50,13 +50,22 @@ class LeaseLoop:
             if not self.draining():
                 await self.affinity.beat(self.thread, self.interval_s)
             await self.control.check_flags()
-            if sweep and not self.draining() and (room := self.thread.capacity()) > 0:
-                entries = await self.lease.reclaim(room)
-                if entries:
-                    self.observer.reclaimed(len(entries))
-                    await self.admit(entries)
+            if sweep:
+                await self._sweep()
             sweep = True
             await asyncio.sleep(max(0.0, self.interval_s - (time.monotonic() - began)))
+
+    async def _sweep(self) -> None:
+        """The sweeper's turn is held for two heartbeats: a dead sweeper's is free again before any
+        lease of its jobs runs out (heartbeat_interval_ms is at most a third of job_lease_ms)."""
+        room = 0 if self.draining() else self.thread.capacity()
+        if not await self.lease.sweeps(room > 0, int(self.interval_s * 2000)):
+            self.lease.forget_suspects()  # another's sweeps: ours, if we sweep again, start over
+            return
+        entries = await self.lease.reclaim(room)
+        if entries:
+            self.observer.reclaimed(len(entries))
+            await self.admit(entries)
 
     async def _renew(self) -> None:
         jobs = self.owned.jobs()

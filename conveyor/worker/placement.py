@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from contextlib import suppress
 
 from redis.asyncio import Redis
@@ -80,9 +81,16 @@ class WorkerAffinity:
                 summary = encode_summary(self.block_size, hashes)
                 await self.redis.set(self.keys.prefixes(self.worker_id), summary, px=self.lease_ms)
         owners = sorted(set().union(*await read_owners(self.redis, self.keys)) - {self.worker_id})
-        alive = [bool(n) for n in await self._exist([self.keys.worker(w) for w in owners])]
         self._others = owners
-        gone = [w for w, live in zip(owners, alive, strict=True) if not live]
+        if not owners:
+            return
+        # One read of the heartbeat index says who beat within a lease (by this host's clock); only
+        # the others' heartbeat keys are read, one by one, before their streams are forgotten.
+        since = time.time() - self.lease_ms / 1000
+        beating = set(await self.redis.zrangebyscore(self.keys.worker_beats, since, "+inf"))
+        quiet = [w for w in owners if w not in beating]
+        alive = [bool(n) for n in await self._exist([self.keys.worker(w) for w in quiet])]
+        gone = [w for w, live in zip(quiet, alive, strict=True) if not live]
         if gone:
             await self._forget(gone)
 

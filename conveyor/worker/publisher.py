@@ -1,4 +1,5 @@
-"""Turns a step's events into Redis writes: one pipeline per step, never one round trip per token.
+"""Turns a step's events into Redis writes: one pipeline per step, never one round trip per token, and
+one APPEND call per step on one node (per hash slot on a cluster), never one per token or per job.
 
 Every event goes through the APPEND script, which writes only while this worker owns the job (the
 record's `worker` field): a worker that lost a job to another — it hung past its lease — learns so
@@ -14,15 +15,21 @@ from typing import TYPE_CHECKING
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
+from redis.crc import key_slot
 
+from conveyor.jobqueue.client import cluster_of
 from conveyor.jobqueue.keys import DEAD_LETTER_MAXLEN, WORKER_GROUP, Keys, event_entry_id
 from conveyor.jobqueue.queue import Entry, EntryRef, by_stream
 from conveyor.jobqueue.scripts.worker import Scripts
+from conveyor.wire.event_batch import dump_events
 from conveyor.wire.job import JobEvent, JobResult
 from conveyor.worker.owned import InFlight
 
 if TYPE_CHECKING:
     from conveyor.worker.observe import Observer
+
+
+Batch = tuple[InFlight, list[JobEvent]]  # a job's events written as one entry
 
 
 @dataclass(slots=True)
@@ -33,61 +40,81 @@ class Published:
 
 class Publisher:
     def __init__(self, redis: Redis, keys: Keys, worker_id: str, scripts: Scripts, result_ttl: int,
-                 event_stream_maxlen: int, observer: Observer | None = None) -> None:
+                 event_stream_maxlen: int, observer: Observer | None = None,
+                 replay_window: int | None = None) -> None:
         self.redis = redis
         self.observer = observer
         self.keys = keys
         self.worker_id = worker_id
         self.scripts = scripts
         self.result_ttl = result_ttl
+        # An ended job's per-token events live this long, never past its record (None: as long).
+        self.events_ttl = min(result_ttl, replay_window or result_ttl)
         self.maxlen = event_stream_maxlen
+        self.cluster = cluster_of(redis)
 
     async def publish(self, items: list[tuple[InFlight, JobEvent]]) -> Published:
-        """Writes one step's events in one pipeline, then acknowledges the jobs that ended."""
+        """Writes events — a job's consecutive ones as one batch — in one pipeline (one APPEND call per
+        node script group), then acknowledges the jobs that ended."""
         now = time.time()
+        batches: dict[str, tuple[InFlight, list[JobEvent]]] = {}
         for job, event in items:
-            event.at = round(now, 3)
+            if event.at is None:  # when the engine emitted it, if the publish loop held it back
+                event.at = round(now, 3)
             if event.token is not None:
                 job.tokens = max(job.tokens, event.index + 1)
                 if job.first_token_at is None:
                     job.first_token_at = now
             if event.result is not None:
                 event.result.timings = job.timings(now)
+            batches.setdefault(job.job_id, (job, []))[1].append(event)
+        groups = self._groups(list(batches.values()))
 
         def build(pipe: Pipeline) -> None:
-            for job, event in items:
-                self._append(pipe, job.job_id, event, now)
+            for group in groups:
+                self._append(pipe, group, now)
 
         results = await self.scripts.execute(build)
         out = Published()
         finals: list[tuple[InFlight, JobResult]] = []
-        for (job, event), result in zip(items, results, strict=True):
-            if isinstance(result, Exception):
-                raise result
-            if result == 0:
-                out.lost.append(job)
-            elif event.final:
-                job.ended = True  # before the ack: the lease loop must not read it as lost
-                out.ended.append(job)
-                if event.result is not None:
-                    finals.append((job, event.result))
+        for group, codes in zip(groups, results, strict=True):
+            if isinstance(codes, Exception):
+                raise codes
+            for (job, events), code in zip(group, codes, strict=True):
+                if code == 0:
+                    out.lost.append(job)
+                elif events[-1].final:
+                    job.ended = True  # before the ack: the lease loop must not read it as lost
+                    out.ended.append(job)
+                    if events[-1].result is not None:
+                        finals.append((job, events[-1].result))
         await self.ack([job.ref for job in out.ended])
         if self.observer is not None:
             for job, job_result in finals:
                 self.observer.ended(job, job_result)
         return out
 
-    def _append(self, pipe: Pipeline, job_id: str, event: JobEvent, now: float) -> None:
-        result = event.result
-        first = event.token is not None and event.index == 0  # the first-token milestone
-        status = result.status.value if result else ""
-        result_json = result.model_dump_json(exclude_none=True) if result else ""
-        self.scripts.call(
-            pipe, "append", [self.keys.job(job_id), self.keys.events(job_id)],
-            [self.worker_id, event_entry_id(event.index), event.model_dump_json(exclude_none=True),
-             self.maxlen, self.keys.channel(job_id), now, int(first), int(event.final), status, result_json,
-             self.result_ttl],
-        )
+    def _groups(self, batches: list[Batch]) -> list[list[Batch]]:
+        """The batches one APPEND call may write together: all of them on one node; on a cluster those
+        of one hash slot (a script's keys must share it; a job's keys share its hash tag)."""
+        if not self.cluster:
+            return [batches] if batches else []
+        by_slot: dict[int, list[Batch]] = {}
+        for batch in batches:
+            by_slot.setdefault(key_slot(self.keys.job(batch[0].job_id).encode()), []).append(batch)
+        return list(by_slot.values())
+
+    def _append(self, pipe: Pipeline, group: list[Batch], now: float) -> None:
+        keys: list[str] = []
+        args: list[object] = [self.worker_id, self.maxlen, now, self.result_ttl, self.events_ttl]
+        for job, events in group:
+            last, result = events[-1], events[-1].result
+            first = any(e.token is not None and e.index == 0 for e in events)  # the first-token milestone
+            keys += [self.keys.job(job.job_id), self.keys.events(job.job_id)]
+            args += [event_entry_id(last.index), dump_events(events), self.keys.channel(job.job_id),
+                     int(first), int(last.final), result.status.value if result else "",
+                     result.model_dump_json(exclude_none=True) if result else "", last.index]
+        self.scripts.call(pipe, "append", keys, args)
 
     async def ack(self, refs: list[EntryRef]) -> None:
         """Acknowledge and delete entries of the jobs streams: they keep only unfinished jobs. One

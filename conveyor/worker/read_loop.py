@@ -85,6 +85,7 @@ class ReadLoop:
             if self.affinity.enabled and (slots := self.thread.free_slots()) > 0 and \
                     (own := await self.queue.poll_own(slots)):
                 return own
+            self.queue.touch()  # the blocking reads may not be in flight meanwhile: poll once there is room
             self.room.clear()
             # (at least 10 ms: a 1 ms bound must not turn this into a busy loop of reads)
             timeout = min(0.5, max(0.01, self.affinity.wait_ms / 2000)) if self.affinity.enabled else 0.5
@@ -92,7 +93,9 @@ class ReadLoop:
                 async with asyncio.timeout(timeout):  # (wait_for may drop a cancel on Python 3.11)
                     await self.room.wait()
             return []
-        return await self.queue.poll(room) or await self.queue.wait(room)
+        if self.queue.stale() and (entries := await self.queue.poll(room)):
+            return entries
+        return await self.queue.wait(room)
 
     async def admit(self, entries: list[Entry]) -> None:
         jobs = []

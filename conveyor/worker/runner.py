@@ -72,7 +72,7 @@ class Worker:
         self.webhooks = webhook_queue(settings, self.keys)
         self.observer = Observer(self.worker_id, self.metrics, self.webhooks, tracing)
         self.publisher = Publisher(redis, self.keys, self.worker_id, self.scripts, settings.result_ttl,
-                                   settings.event_stream_maxlen, self.observer)
+                                   settings.event_stream_maxlen, self.observer, settings.replay_window)
         self.intake = Intake(redis, self.keys, self.scripts, self.publisher, self.worker_id,
                              settings.max_attempts, self.observer)
         self.affinity = WorkerAffinity(redis, self.keys, self.scripts, self.worker_id, settings.affinity,
@@ -84,6 +84,7 @@ class Worker:
         self._outputs: asyncio.Queue[StepOutput] = asyncio.Queue()
         self._stop = asyncio.Event()
         self._draining = False
+        self._publishing: PublishLoop | None = None
         self._fatal: BaseException | None = None
         self._thread: EngineThread | None = None
         self._crash_token = faults.crash_token()
@@ -118,8 +119,9 @@ class Worker:
                           QueueReader(self.redis, self.keys, self.scripts, self.worker_id,
                                       self.settings.band_starvation_every, self.affinity),
                           self.affinity, self.metrics.placed)
-        publisher = PublishLoop(self.publisher, self.owned, self._outputs, reader.room, self._lose,
-                                self.outage_cap, self.metrics.redis_error)
+        publisher = self._publishing = PublishLoop(
+            self.publisher, self.owned, self._outputs, reader.room, self._lose, self.outage_cap,
+            self.metrics.redis_error, self.settings.stream_interval_ms / 1000)
         control = ControlLoop(self.redis, self.keys, self.owned, self._thread)
         leases = LeaseLoop(self.lease, self.owned, self._thread, control, reader.admit, self.info,
                            self.observer, self._lose, self._is_draining,
@@ -177,6 +179,8 @@ class Worker:
         with suppress(TimeoutError):  # publish what the engine computed before it stopped
             async with asyncio.timeout(30):
                 await self._outputs.join()
+                if self._publishing is not None:
+                    await self._publishing.flush()
         left = self.owned.jobs()
         if left:
             log.info("handing %d unfinished job(s) to other workers", len(left))

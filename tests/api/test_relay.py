@@ -169,6 +169,29 @@ async def test_a_final_event_written_between_the_backlogs_two_reads_is_delivered
     assert raced and [e.index for e in backlog.events] == [0, 1, 2] and not backlog.ended
 
 
+async def test_a_job_run_whole_between_the_tail_read_and_the_record_read_is_not_compacted(redis) -> None:  # type: ignore[no-untyped-def]
+    """No event yet, then the job runs from its first token to its end before the record is read: the
+    record's final event is there, but so are the per-token events, and a client gets all of them
+    (a TGI stream renders a token-less final event as an error)."""
+    publisher = worker_publisher(redis)
+    relay = Relay(redis, KEYS)
+    job = await owned(redis, "j-whole")
+    real_xrevrange = redis.xrevrange
+    raced = []
+
+    async def tail_then_the_job_runs(*args, **kwargs):  # type: ignore[no-untyped-def]
+        entries = await real_xrevrange(*args, **kwargs)
+        if not raced:
+            raced.append(True)
+            await publisher.publish([(job, token_event(i, final=i == 2)) for i in range(3)])
+        return entries
+
+    redis.xrevrange = tail_then_the_job_runs
+    backlog = await relay.backlog("j-whole", -1)
+    assert raced and [e.index for e in backlog.events] == [0, 1, 2] and not backlog.compacted
+    assert backlog.events[0].token is not None
+
+
 async def test_keepalives_off_with_zero_and_on_otherwise(redis) -> None:  # type: ignore[no-untyped-def]
     """sse_keepalive_s=0 (for clients such as `vllm bench serve` that choke on a lone comment): a silent
     stream yields no keep-alive pause, while a relay at 0.05 s yields some in the same silence."""

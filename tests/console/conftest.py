@@ -75,7 +75,7 @@ def dead_letter(service: RunningService, tenant: str = "alice", reason: str = "d
     with redis_of(service) as redis:
         redis.hset(keys.job(spec.id), mapping={
             RecordField.STATUS: "failed", RecordField.SPEC: payload, RecordField.TENANT: tenant,
-            RecordField.CREATED_AT: spec.created_at, RecordField.ATTEMPTS: 4, RecordField.WORKER: "gone",
+            RecordField.ATTEMPTS: 4, RecordField.WORKER: "gone",
             RecordField.RESULT: result.model_dump_json(exclude_none=True),
             RecordField.FINISHED_AT: time.time()})
         redis.xadd(keys.events(spec.id), {"e": JobEvent.ending(0, result).model_dump_json(exclude_none=True)},

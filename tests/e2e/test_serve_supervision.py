@@ -78,8 +78,10 @@ def test_a_killed_worker_is_restarted_and_the_service_keeps_serving(tmp_path, ti
         after = until("a restarted worker", replaced, proc, log_path)
         assert victim.pid not in after
         assert healthy(base + "/health")
+        # the job may wait for the replacement's model load or for a steal from the dead worker's
+        # affinity stream: a loaded machine makes that minutes, which is no fault of the service
         r = httpx.post(base + "/generate", json={"inputs": "Say hi", "parameters": {"max_new_tokens": 3}},
-                       timeout=120)
+                       timeout=START_S)
         assert r.status_code == 200, r.text
         assert proc.poll() is None
         assert "worker-" in log_path.read_text() and "restarting it" in log_path.read_text()

@@ -29,6 +29,7 @@ from conveyor.jobqueue.keys import Keys
 from conveyor.launcher.redis_cluster import LocalCluster
 from conveyor.launcher.redis_server import EmbeddedRedis
 from conveyor.settings import Settings
+from conveyor.wire.event_batch import events_after
 from conveyor.wire.heartbeat import WorkerInfo
 from conveyor.wire.job import JobEvent, RecordField
 from tests.api.conftest import KEYS, TERMINAL, until
@@ -163,7 +164,7 @@ class Cluster:
         """The job's durable event stream, as a client resuming from index -1 would get it."""
         with self.redis() as r:
             entries = r.xrange(self.keys.events(job_id))
-        return [JobEvent.model_validate_json(fields["e"]) for _id, fields in entries]  # type: ignore[union-attr]
+        return events_after(entries, -1)  # type: ignore[union-attr]
 
     def wait_terminal(self, job_id: str, timeout: float = 180) -> dict[str, str]:
         return until(lambda: (r := self.record(job_id)).get(RecordField.STATUS) in TERMINAL and r,

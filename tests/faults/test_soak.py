@@ -151,14 +151,14 @@ class Soak:
         o.job_id = seen.job_id
         o.problems += seen.problems()
         if seen.end not in ("final", "done"):
-            o.problems.append(f"the stream ended {seen.end}")
+            o.problems.append(f"the stream ended {seen.end}: {seen.events[-1:]}")
 
     async def follow(self, o: Outcome, rng: random.Random) -> None:
         job = await self._submit(o, job_body(rng, rng.randint(1, 32)))
         seen = await afollow(self.client, "GET", events_url("", job["id"]))
         o.problems += seen.problems()
         if seen.end != "final":
-            o.problems.append(f"the events ended {seen.end}")
+            o.problems.append(f"the events ended {seen.end}: {seen.events[-1:]}")
 
     async def poll(self, o: Outcome, rng: random.Random) -> None:
         job = await self._submit(o, job_body(rng, rng.randint(1, 32)))
@@ -283,6 +283,8 @@ async def test_1000_jobs_lose_nothing(cluster: Cluster, receiver: Receiver,
     ]
     with capsys.disabled():
         print("\n" + "\n".join(table))
-    detail = "\n".join(table + [*problems, *index_problems, *unexpected, *untimed, *lost][:60])
+    warnings = [line for line in c.logs().splitlines() if "WARNING" in line or "ERROR" in line]
+    found = [*problems, *index_problems, *unexpected, *untimed, *lost][:60]
+    detail = "\n".join(table + found + warnings[-30:])
     assert (lost, index_problems, untimed, kv_blocks) == ([], [], [], 0), detail
     assert (problems, unexpected, len(ids), delivered()) == ([], [], JOBS, len(hooks)), detail

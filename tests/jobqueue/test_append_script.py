@@ -31,9 +31,11 @@ def test_only_a_duplicate_is_already_there_and_oom_is_an_error(server: redis.Red
     server.hset("job", F.WORKER, "w1")
 
     def call(index: int, worker: str = "w1") -> int:
-        event = f'{{"index":{index}}}'
-        args = [worker, event_entry_id(index), event, 1000, "channel", 1.0, int(index == 0), 0, "", "", 60]
-        return script(keys=["job", "events"], args=args)
+        event = f'[{{"index":{index}}}]'
+        args = [worker, 1000, 1.0, 60, 60,
+                event_entry_id(index), event, "channel", int(index == 0), 0, "", "", index]
+        [code] = script(keys=["job", "events"], args=args)
+        return code
 
     assert call(0) == WRITTEN
     assert call(0) == ALREADY_THERE
@@ -49,3 +51,28 @@ def test_only_a_duplicate_is_already_there_and_oom_is_an_error(server: redis.Red
     server.config_set("maxmemory", "0")
     assert call(1) == WRITTEN  # the retry after Redis has room again
     assert [entry_id for entry_id, _ in server.xrange("events")] == [event_entry_id(0), event_entry_id(1)]
+
+
+def test_one_call_writes_several_jobs_and_publishes_only_watched_ones(server: redis.Redis) -> None:
+    """One call per step: each job's ownership checked on its own, a lost job's batch not written, and
+    the live publish only for a job an api follows (the record's `watched`)."""
+    script = server.register_script(append("PUBLISH").source)
+    server.hset("a", F.WORKER, "w1")
+    server.hset("b", mapping={F.WORKER: "w1", F.WATCHED: "1"})
+    server.hset("c", F.WORKER, "w2")  # taken over by another worker
+    listener = server.pubsub()
+    listener.subscribe("ch-a", "ch-b", "ch-c")
+    for _ in range(3):
+        listener.get_message(timeout=5)  # the subscribe confirmations
+
+    def job(name: str) -> list[object]:
+        return [event_entry_id(1), '[{"index":0},{"index":1}]', f"ch-{name}", 1, 0, "", "", 1]
+
+    codes = script(keys=["a", "a-events", "b", "b-events", "c", "c-events"],
+                   args=["w1", 1000, 1.0, 60, 60, *job("a"), *job("b"), *job("c")])
+    assert codes == [WRITTEN, WRITTEN, NOT_OWNER]
+    assert (server.xlen("a-events"), server.xlen("b-events"), server.exists("c-events")) == (1, 1, 0)
+    heard = [m["channel"] for m in iter(lambda: listener.get_message(timeout=1), None)]
+    assert heard == ["ch-b"]
+    with pytest.raises(rx.ResponseError, match="arguments per job"):
+        script(keys=["a", "a-events"], args=["w1", 1000, 1.0, 60, 60])

@@ -57,7 +57,8 @@ async def test_the_depth_follows_every_step_of_a_backlog_filling_and_draining(re
     await redis.xadd(low1, {"id": "l0"})
     queued[(1, "low")] += 1
     for i in range(2):  # placed by affinity: the api's own script, onto the worker's own stream
-        assert await redis.eval(ENQUEUE.source, 2, own, KEYS.jobs_stream(1, Band.NORMAL), "id", f"o{i}") == 1
+        shared = KEYS.jobs_stream(1, Band.NORMAL)
+        assert await redis.eval(ENQUEUE.source, 3, own, shared, KEYS.placed(1), "id", f"o{i}") == 1
         queued[(1, OWN)] += 1
     assert await places(redis) == (+queued, +running)
 

@@ -26,6 +26,7 @@ from conveyor.api.jobpath.store import JobStore
 from conveyor.jobqueue.keys import WORKER_GROUP, Keys
 from conveyor.launcher.redis_server import EmbeddedRedis
 from conveyor.settings import Settings
+from conveyor.wire.event_batch import events_after, load_events
 from conveyor.wire.heartbeat import WorkerInfo
 from conveyor.wire.job import JobEvent, JobResult, JobSpec, JobStatus, RecordField, SamplingSpec, StoppingSpec
 from tests.readiness import await_until
@@ -77,14 +78,20 @@ class Jobs:
 
     async def events(self, job_id: str) -> list[JobEvent]:
         entries = await self.redis.xrange(self.keys.events(job_id))
-        return [JobEvent.model_validate_json(fields["e"]) for _id, fields in entries]
+        return events_after(entries, -1)
 
     async def wait_events(self, job_id: str, n: int, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
-        while await self.redis.xlen(self.keys.events(job_id)) < n:
+        while await self.written(job_id) < n:
             if time.monotonic() > deadline:
                 raise AssertionError(f"job {job_id}: fewer than {n} events after {timeout}s\n{self.logs()}")
             await asyncio.sleep(0.02)
+
+    async def written(self, job_id: str) -> int:
+        """Events written so far: the last entry's last index + 1 (an entry holds a step's or a stream
+        interval's events, conveyor/wire/event_batch.py)."""
+        tail = await self.redis.xrevrange(self.keys.events(job_id), count=1)
+        return load_events(tail[0][1]["e"])[-1].index + 1 if tail else 0
 
     async def wait_idle_past_lease(self, lease_ms: int, timeout: float = 60) -> None:
         """Until Redis shows an entry idle for longer than `lease_ms`: a dead worker's lease ran out."""

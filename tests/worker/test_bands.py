@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from collections import Counter
 
-from conveyor.jobqueue.bands import BANDS, Band, band_of, read_order, shard_order
+from conveyor.jobqueue.bands import BANDS, Band, band_of, fleet_quotas, read_order, shard_order
 from conveyor.jobqueue.keys import Keys, shard_tag
 
 
@@ -55,3 +55,15 @@ def test_a_job_goes_to_the_stream_of_its_shard_and_band_and_a_shard_has_one_hash
     for shard in range(3):  # one slot per shard on Redis Cluster: the bands share the hash tag
         tags = {s[s.index("{"):s.index("}") + 1] for s in keys.shard_streams(shard)}
         assert tags == {f"{{{shard_tag(shard, 3)}}}"}
+
+
+def test_the_room_goes_in_band_order_across_shards_own_streams_first() -> None:
+    # shard → (own stream, bands in read order: high, normal, low, batch)
+    waiting = {0: (0, [0, 0, 5, 0]), 1: (0, [2, 0, 0, 0]), 2: (1, [0, 3, 0, 0])}
+    assert fleet_quotas(waiting, (0, 1, 2), 4) == {0: 0, 1: 2, 2: 2}  # own 1, high 2, then 1 normal
+    assert fleet_quotas(waiting, (0, 1, 2), 7) == {0: 1, 1: 2, 2: 4}  # the low band's turn comes last
+    assert fleet_quotas(waiting, (2, 0, 1), 100) == {0: 5, 1: 2, 2: 4}  # all of it: no more than waits
+    # Ties go in the read's shard order: each read starts at the next shard.
+    even = {0: (0, [0, 3, 0, 0]), 1: (0, [0, 3, 0, 0])}
+    assert fleet_quotas(even, (1, 0), 4) == {1: 3, 0: 1}
+    assert fleet_quotas(even, (0, 1), 0) == {0: 0, 1: 0}

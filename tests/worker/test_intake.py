@@ -10,6 +10,7 @@ import time
 
 from conveyor.jobqueue.keys import WORKER_GROUP, event_entry_id
 from conveyor.jobqueue.scripts.worker import Scripts
+from conveyor.wire.event_batch import load_events
 from conveyor.wire.job import JobEvent, JobStatus, RecordField
 from conveyor.worker.owned import InFlight
 from conveyor.worker.publisher import Publisher
@@ -43,13 +44,14 @@ async def test_a_reclaimed_job_resumes_exactly_where_its_event_stream_ends(local
     await dead_worker_takes(local, job_id, reference_events[:k])  # k tokens written, the last unpublished
     pubsub = local.redis.pubsub()
     await pubsub.subscribe(local.keys.channel(job_id))  # a live subscriber that has seen up to k-2
+    await local.redis.hset(local.keys.job(job_id), RecordField.WATCHED, 1)  # as the api's relay marks it
     await local.wait_idle_past_lease(local.settings.job_lease_ms)  # the dead worker's lease ran out
     async with local.worker():
         result = await local.result(job_id)
     live: list[int] = []
     while (message := await pubsub.get_message(timeout=0.2)) is not None:
         if message["type"] == "message":
-            live.append(JobEvent.model_validate_json(message["data"]).index)
+            live += [event.index for event in load_events(message["data"])]
     await pubsub.aclose()
 
     assert result.status is JobStatus.SUCCEEDED

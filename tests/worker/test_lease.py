@@ -141,3 +141,20 @@ async def test_a_heartbeat_cancelled_as_the_prefix_summary_arrives_ends(local) -
     with pytest.raises(asyncio.CancelledError):
         await beat
     assert await local.redis.get(local.keys.prefixes("w-cancel")) is None  # it published nothing
+
+
+async def test_one_worker_at_a_time_sweeps_and_a_gone_sweepers_turn_passes_on(redis) -> None:  # type: ignore[no-untyped-def]
+    keys = Keys(f"lease{uuid.uuid4().hex[:8]}")
+    scripts = Scripts(redis)
+    a, b = (Lease(redis, keys, scripts, name, LEASE_MS) for name in ("a", "b"))
+    assert await a.sweeps(True, 60_000) and not await b.sweeps(True, 60_000)  # the fleet sweeps once
+    assert await a.sweeps(True, 60_000)  # the holder keeps its turn, renewed
+    assert not await a.sweeps(False, 60_000)  # no room (or draining): it gives the turn up ...
+    assert await b.sweeps(True, 60_000)  # ... and the next one with room takes it
+    await redis.pexpire(keys.sweeper, 1)  # b died: its turn runs out (two heartbeats in a worker)
+    while await redis.exists(keys.sweeper):
+        await asyncio.sleep(0.005)
+    assert await a.sweeps(True, 60_000)
+    await a.leave()  # a drained worker hands its turn back at once
+    assert not await redis.exists(keys.sweeper)
+    assert await b.sweeps(True, 60_000)

@@ -4,12 +4,13 @@
 
 from __future__ import annotations
 
-from conveyor.api.batch.lines import request_of
+from conveyor.api.batch.lines import Request, request_of
 from conveyor.api.context import ApiContext
-from conveyor.api.errors import ApiError
+from conveyor.api.errors import ApiError, GenerationError
 from conveyor.api.responses.sse import failure, succeeded
 from conveyor.api.routes.openai import chat_answer, completion_answer
 from conveyor.wire.batch import BatchLine, LineError, LineErrorBody, LineResponse, OutputLine
+from conveyor.wire.event_batch import events_after
 from conveyor.wire.job import JobEvent, JobResult, JobSpec, JobStatus
 from conveyor.wire.openai import ChatCompletionRequest
 
@@ -30,8 +31,27 @@ def unrun_line(job_id: str, line: BatchLine | LineError, stopping: str) -> Outpu
         code=f"batch_{stopping}", message=f"this request was not run: the batch {why}"))
 
 
+async def line_events(ctx: ApiContext, job_id: str, request: Request, result: JobResult | None,
+                      final_index: str | None) -> list[JobEvent]:
+    """The finished job's events: its event stream, or once that expired (`replay_window`), the final
+    event its record keeps, which answers every line that asked for no logprobs."""
+    entries: list[tuple[str, dict[str, str]]] = await ctx.jobs.redis.xrange(  # type: ignore[assignment]
+        ctx.jobs.keys.events(job_id))
+    events = sorted(events_after(entries, -1), key=lambda e: e.index)
+    if events and events[-1].final:
+        return events
+    if result is None or final_index is None:
+        raise failure(result)
+    wants_logprobs = (request.logprobs if isinstance(request, ChatCompletionRequest)
+                      else request.logprobs is not None)
+    if wants_logprobs:
+        raise GenerationError(f"job {job_id} ended more than replay_window ago: its per-token events, "
+                              "and with them the logprobs this line asked for, have expired")
+    return [JobEvent.ending(int(final_index), result)]
+
+
 async def result_line(ctx: ApiContext, line: BatchLine | LineError, job_id: str, spec_raw: str | None,
-                      result_raw: str | None) -> tuple[OutputLine, str]:
+                      result_raw: str | None, final_raw: str | None) -> tuple[OutputLine, str]:
     """The finished job's line and its outcome: completed, failed, cancelled or expired."""
     result = JobResult.model_validate_json(result_raw) if result_raw else None
     status = result.status if result is not None else JobStatus.FAILED
@@ -40,14 +60,10 @@ async def result_line(ctx: ApiContext, line: BatchLine | LineError, job_id: str,
     try:
         if not isinstance(line, BatchLine) or spec_raw is None:
             raise failure(result)
-        entries: list[tuple[str, dict[str, str]]] = await ctx.jobs.redis.xrange(  # type: ignore[assignment]
-            ctx.jobs.keys.events(job_id))
-        events = sorted((JobEvent.model_validate_json(f["e"]) for _id, f in entries), key=lambda e: e.index)
-        if not events or not events[-1].final:
-            raise failure(result)
+        request = request_of(line)
+        events = await line_events(ctx, job_id, request, result, final_raw)
         succeeded(events[-1])
         spec = JobSpec.model_validate_json(spec_raw)
-        request = request_of(line)
         answer = (chat_answer(ctx, spec, request, events) if isinstance(request, ChatCompletionRequest)
                   else completion_answer(ctx, spec, request, events))
     except (ApiError, ValueError) as exc:  # the job failed (or its events are gone): the endpoint's 500

@@ -187,8 +187,8 @@ class BatchRunner:
         pipe = self.redis.pipeline(transaction=False)
         for index in indices:
             pipe.hmget(self.keys.job(line_job_id(batch_id, index)),
-                       [RecordField.STATUS, RecordField.SPEC, RecordField.RESULT])
-        for index, (status, spec, result) in zip(indices, await pipe.execute(), strict=True):
+                       [RecordField.STATUS, RecordField.SPEC, RecordField.RESULT, RecordField.FINAL])
+        for index, (status, spec, result, final) in zip(indices, await pipe.execute(), strict=True):
             job_id = line_job_id(batch_id, index)
             if status is None:  # claimed, not yet submitted (the fleet was full) or its record is gone
                 if stopping is None:
@@ -200,7 +200,7 @@ class BatchRunner:
             elif not JobStatus(status).is_terminal:
                 await self._stop_job(batch_id, job_id, index, window[str(index)], JobStatus(status), stopping)
             else:
-                out, outcome = await self._result_line(rec, index, job_id, spec, result)
+                out, outcome = await self._result_line(rec, index, job_id, spec, result, final)
                 await self._finish(batch_id, rec, index, out, outcome)
 
     async def _stop_job(self, batch_id: str, job_id: str, index: int, mark: str, status: JobStatus,
@@ -212,9 +212,9 @@ class BatchRunner:
             await self.ctx.jobs.end_queued(job_id, JobStatus.EXPIRED)  # a running line may finish
 
     async def _result_line(self, rec: dict[str, str], index: int, job_id: str, spec_raw: str | None,
-                           result_raw: str | None) -> tuple[OutputLine, str]:
+                           result_raw: str | None, final_raw: str | None) -> tuple[OutputLine, str]:
         line = await self._line(rec, index)
-        return await result_line(self.ctx, line, job_id, spec_raw, result_raw)
+        return await result_line(self.ctx, line, job_id, spec_raw, result_raw, final_raw)
 
     async def _finish(self, batch_id: str, rec: dict[str, str], index: int, out: OutputLine,
                       outcome: str) -> None:

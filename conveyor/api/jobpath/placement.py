@@ -10,7 +10,7 @@ goes on the own stream of the worker that holds `affinity_min_blocks` or more of
 would finish its prefill first (conveyor/jobqueue/placement.best_worker), with one script that falls back to
 the shared stream if the own stream is gone (its worker left and the fleet deleted it): both streams
 are in the shard's slot, so the check and the XADD are atomic and no job lands on a stream nobody
-reads.
+reads. The same script rings the shard's doorbell (Keys.placed), on which idle workers block.
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ class Placement:
         shard = self.keys.shard_of(spec.id)
         shared = self.keys.stream_of(spec.id, spec.priority, self.settings.priority_bands)
         args = [item for pair in fields.items() for item in pair]
-        pipe.execute_command("EVAL", ENQUEUE.source, 2, self.keys.own_stream(shard, worker), shared, *args)
+        own = self.keys.own_stream(shard, worker)
+        pipe.execute_command("EVAL", ENQUEUE.source, 3, own, shared, self.keys.placed(shard), *args)
         return worker
 
     def _maybe_refresh(self) -> None:

@@ -7,7 +7,9 @@ makes the relay lossless and resumable. A client goes back to the durable stream
 index it delivered whenever live events may have been missed: its bounded buffer overflowed (a slow
 client never blocks the others), an index was skipped, or the connection was lost and subscribed
 again (Redis restarted). Where the rest cannot be delivered without a gap, the stream raises
-StreamInterrupted, which the routes answer with an error event: never silence.
+StreamInterrupted, which the routes answer with an error event: never silence. A job that ended
+more than `replay_window` ago has no per-token events left: its replay is the one final event its
+record keeps (same index, the whole result), the one skip of indices that is not a gap.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from conveyor.jobqueue.keys import Keys, event_entry_id
 from conveyor.jobqueue.pubsub.sharded import subscriptions_for
 from conveyor.jobqueue.pubsub.subscriptions import Listener, Signal
 from conveyor.jobqueue.redis_errors import is_transient
-from conveyor.wire.job import JobEvent
+from conveyor.jobqueue.scripts.jobs import HSET_IF_EXISTS
+from conveyor.wire.event_batch import events_after, load_events
+from conveyor.wire.job import JobEvent, RecordField
 
 KEEPALIVE_S = 15.0
 OUTAGE_TIMEOUT_S = 30.0  # a stream waits this long for a lost Redis to come back, then ends with an error
@@ -52,6 +56,9 @@ class Backlog:
     events: list[JobEvent]  # index > after, in order
     last_index: int  # the stream's last index; -1: no event yet
     ended: bool  # the job's final event is at or before `after` (the client has seen the end)
+    # `events` is the record's final event alone: the job ended more than `replay_window` ago and its
+    # per-token events expired, so the indices before it are skipped on purpose (its result has it all)
+    compacted: bool = False
 
 
 class Relay:
@@ -65,6 +72,7 @@ class Relay:
         self.stats = RelayStats()
         # One classic connection on a single node; one per node, sharded, on a cluster.
         self.subscriptions = subscriptions_for(redis, f"{keys.prefix}:relay", on_event=self._observe)
+        self._watch = redis.register_script(HSET_IF_EXISTS.source)
 
     @property
     def num_clients(self) -> int:
@@ -91,14 +99,28 @@ class Relay:
         entries: list[tuple[str, dict[str, str]]] = []
         if after < MAX_INDEX:
             entries = await self.redis.xrange(key, min=event_entry_id(after + 1))  # type: ignore[assignment]
-        events = [JobEvent.model_validate_json(fields["e"]) for _id, fields in entries]
+        events = events_after(entries, after)
         if events:
             return Backlog(events, events[-1].index, ended=False)
         tail: list[tuple[str, dict[str, str]]] = await self.redis.xrevrange(key, count=1)  # type: ignore[assignment]
-        last = JobEvent.model_validate_json(tail[0][1]["e"]) if tail else None
+        last = load_events(tail[0][1]["e"])[-1] if tail else None
         if last is not None and last.index > after:  # written between the two reads: read them now
             return await self.backlog(job_id, after)
+        if last is None and (final := await self.final_event(job_id)) is not None:
+            # The record and the final entry are written in one script: a job that ran from its first
+            # token to its end since the reads above has its events now; only expired ones are gone.
+            if await self.redis.exists(key):
+                return await self.backlog(job_id, after)
+            if final.index > after:
+                return Backlog([final], final.index, ended=False, compacted=True)
+            return Backlog([], final.index, ended=True)
         return Backlog([], -1 if last is None else last.index, ended=last is not None and last.final)
+
+    async def final_event(self, job_id: str) -> JobEvent | None:
+        """The final event an ended job's record keeps (JobEvent.from_record); None before the end."""
+        fields = (RecordField.FINAL, RecordField.RESULT)
+        values: list[str | None] = await self.redis.hmget(self.keys.job(job_id), fields)  # type: ignore[misc,assignment]
+        return JobEvent.from_record({f: v for f, v in zip(fields, values, strict=True) if v is not None})
 
     async def check_resume(self, job_id: str, after: int) -> None:
         """422 for a Last-Event-ID past the last event of a job that has not ended (nothing with a
@@ -118,13 +140,13 @@ class Relay:
         last = after
         try:
             await self.subscriptions.add(channel, listener)
-            backlog = await self._backlog(job_id, last)
+            backlog = await self._backlog(job_id, last, watch=True)
             _check_after(job_id, after, backlog)
             while True:
                 if backlog.ended:
                     return
                 for event in backlog.events:
-                    if event.index != last + 1:
+                    if event.index != last + 1 and not backlog.compacted:
                         raise StreamInterrupted(
                             f"events {last + 1}..{event.index - 1} of job {job_id} are missing from its "
                             "event stream (lost in a Redis restart?): read its result with GET "
@@ -167,13 +189,18 @@ class Relay:
     def _keepalive_at(self) -> float:
         return time.monotonic() + self.keepalive_s if self.keepalive_s > 0 else math.inf
 
-    async def _backlog(self, job_id: str, after: int) -> Backlog:
+    async def _backlog(self, job_id: str, after: int, watch: bool = False) -> Backlog:
         """`backlog`, read again while Redis cannot serve for a moment (a node restarting, a cluster
-        failing over: CLUSTERDOWN, LOADING, a lost connection), for at most the outage timeout."""
+        failing over: CLUSTERDOWN, LOADING, a lost connection), for at most the outage timeout.
+        `watch`: first mark the job followed, so its worker publishes its events live from then on
+        (subscribed, then marked, then read: an event written before the mark is in the read)."""
         deadline = time.monotonic() + self.outage_timeout
         delay = RETRY_FIRST_S
         while True:
             try:
+                if watch:
+                    await self._watch(keys=[self.keys.job(job_id)], args=[RecordField.WATCHED, 1])
+                    watch = False
                 return await self.backlog(job_id, after)
             except StreamInterrupted:
                 raise

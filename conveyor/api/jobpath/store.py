@@ -27,6 +27,7 @@ from conveyor.jobqueue.scripts.jobs import RECLAIM, UNCLAIM, end_queued
 from conveyor.settings import Settings
 from conveyor.telemetry.tracing import Tracing
 from conveyor.webhooks.enqueue import WebhookQueue
+from conveyor.wire.event_batch import dump_events
 from conveyor.wire.job import JobEvent, JobResult, JobSpec, JobStatus, RecordField
 
 log = logging.getLogger("conveyor.api.jobpath.store")
@@ -39,6 +40,12 @@ PROVISIONAL_TTL_S = 600
 
 def new_job_id() -> str:
     return uuid.uuid4().hex
+
+
+def spec_payload(spec: JobSpec) -> str:
+    """The spec as the record and the queue entry keep it: fields at their defaults left out (the
+    model puts them back when read), a third of a short job's record (benchmarks/job_memory.py)."""
+    return spec.model_dump_json(exclude_defaults=True)
 
 
 class Unconfirmed(Unavailable):
@@ -123,14 +130,13 @@ class JobStore:
 
     async def _write(self, spec: JobSpec) -> None:
         pipe = self.job_pipeline()
-        payload = spec.model_dump_json(exclude_none=True)
+        payload = spec_payload(spec)
         pipe.hset(
             self.keys.job(spec.id),
             mapping={
                 RecordField.STATUS: JobStatus.QUEUED.value,
                 RecordField.SPEC: payload,
                 RecordField.TENANT: spec.tenant,
-                RecordField.CREATED_AT: spec.created_at,
             },
         )
         self.tenants.add(pipe, spec)
@@ -225,12 +231,12 @@ class JobStore:
     async def end_queued(self, job_id: str, status: JobStatus) -> bool:
         """Ends a job that no worker has started (cancelled or expired); False if it had started."""
         result = JobResult.final(status)
-        event = JobEvent.ending(0, result).model_dump_json(exclude_none=True)
+        event = dump_events([JobEvent.ending(0, result)])
         ended = await self._end_queued(
             keys=[self.keys.job(job_id), self.keys.events(job_id)],
             args=[status.value, result.model_dump_json(exclude_none=True), time.time(), event,
                   self.settings.result_ttl, self.settings.event_stream_maxlen, self.keys.channel(job_id),
-                  event_entry_id(0)],
+                  event_entry_id(0), self.settings.events_ttl],
         )
         if ended:
             await self._ended_in_queue(job_id, status)

@@ -23,6 +23,7 @@ from conveyor.api.auth import admin_tenant
 from conveyor.api.context import ApiContext
 from conveyor.api.errors import Conflict, NotFound
 from conveyor.api.errors import ValidationError as InvalidRequest
+from conveyor.api.jobpath.store import spec_payload
 from conveyor.api.openapi import error_responses
 from conveyor.wire.job import JobSpec, JobStatus, RecordField
 from conveyor.wire.jobs_api import MAX_TTL_S, JobAccepted, JobUrls
@@ -165,12 +166,12 @@ async def requeue_dead_letter(
     ttl = body.ttl if body is not None else None
     spec = spec.model_copy(update={"created_at": now, "deadline": now + ttl if ttl is not None else None})
     await ctx.jobs.admission.admit(spec)  # the caps hold for requeued jobs too (429 when full)
-    payload = spec.model_dump_json(exclude_none=True)
+    payload = spec_payload(spec)
     pipe = ctx.jobs.job_pipeline()
     pipe.delete(keys.job(spec.id), keys.events(spec.id))
     pipe.hset(keys.job(spec.id), mapping={
         RecordField.STATUS: JobStatus.QUEUED.value, RecordField.SPEC: payload,
-        RecordField.TENANT: spec.tenant, RecordField.CREATED_AT: spec.created_at,
+        RecordField.TENANT: spec.tenant,
     })
     ctx.jobs.tenants.add(pipe, spec)
     pipe.xdel(keys.dead_letter_stream, entry_id)

@@ -36,6 +36,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 
 from conveyor.jobqueue.pubsub.shutdown import finish_within
+from conveyor.wire.event_batch import load_events
 from conveyor.wire.job import JobEvent
 
 log = logging.getLogger("conveyor.api.jobpath.relay")
@@ -300,11 +301,13 @@ class Subscriptions:
 
     def _deliver(self, channel: str, data: str) -> None:
         try:
-            event = JobEvent.model_validate_json(data)
+            events = load_events(data)
         except ValueError:
             log.warning("dropping a malformed event on %s", channel)
             return
-        if self._on_event is not None:
-            self._on_event(event)
-        for listener in self._listeners.get(channel, ()):
-            listener.put(event)
+        listeners = self._listeners.get(channel, ())
+        for event in events:
+            if self._on_event is not None:
+                self._on_event(event)
+            for listener in listeners:
+                listener.put(event)

@@ -27,14 +27,18 @@ return 1
 # or on the shared stream if the own stream is gone (its worker left and the fleet deleted it, FORGET):
 # both streams are in the shard's slot, so no job lands on a stream nobody reads.
 ENQUEUE = Script(
-    keys=("a worker's own stream", "the shared stream of the same shard"),
+    keys=("a worker's own stream", "the shared stream of the same shard",
+          "the shard's doorbell (Keys.placed)"),
     argv=("field, value, ...",),
-    returns="1: queued on the own stream, 0: it is gone, queued on the shared one",
+    returns="1: queued on the own stream (and the doorbell rung), 0: it is gone, queued on the shared one",
     source="""
-local key, placed = KEYS[2], 0
-if redis.call('EXISTS', KEYS[1]) == 1 then key, placed = KEYS[1], 1 end
-redis.call('XADD', key, '*', unpack(ARGV))
-return placed
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('XADD', KEYS[2], '*', unpack(ARGV))
+  return 0
+end
+redis.call('XADD', KEYS[1], '*', unpack(ARGV))
+redis.call('XADD', KEYS[3], 'MAXLEN', '1', '*', 'w', KEYS[1])
+return 1
 """,
 )
 
@@ -64,19 +68,22 @@ return 0
 
 def end_queued(publish: PublishCommand) -> Script:
     """queued → a terminal state, by the api, for a job no worker holds yet (cancelled, expired): the
-    record, the final event, the TTLs, and the final event published with `publish`. Atomic with the
-    worker's TAKE: a worker that reads the job later finds it ended and only acknowledges it."""
+    record (its final event's index 0), the final event, the TTLs (the record's, the events' shorter
+    one: docs/operations/redis.md#memory-per-job), and the final event published with `publish`.
+    Atomic with the worker's TAKE: a worker that reads the job later finds it ended and only
+    acknowledges it."""
     return Script(
         keys=("job record", "job event stream"),
-        argv=("status", "result JSON", "now", "final event JSON", "ttl", "maxlen", "job channel",
-              "final event's entry id"),
+        argv=("status", "result JSON", "now", "final event JSON", "record ttl", "maxlen", "job channel",
+              "final event's entry id", "events ttl"),
         returns="1: ended, 0: it was not queued",
         source=f"""
 if redis.call('HGET', KEYS[1], '{F.STATUS}') ~= '{S.QUEUED}' then return 0 end
-redis.call('HSET', KEYS[1], '{F.STATUS}', ARGV[1], '{F.RESULT}', ARGV[2], '{F.FINISHED_AT}', ARGV[3])
+redis.call('HSET', KEYS[1], '{F.STATUS}', ARGV[1], '{F.RESULT}', ARGV[2], '{F.FINISHED_AT}', ARGV[3],
+           '{F.FINAL}', 0)
 redis.pcall('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], ARGV[8], 'e', ARGV[4])
 redis.call('EXPIRE', KEYS[1], ARGV[5])
-redis.call('EXPIRE', KEYS[2], ARGV[5])
+redis.call('EXPIRE', KEYS[2], ARGV[9])
 redis.call('{publish}', ARGV[7], ARGV[4])
 return 1
 """,
@@ -124,8 +131,9 @@ return {{v[1] or false, v[2] or false, tokens}}
 """,
 )
 
-# A webhook's delivery state on the job record (conveyor/webhooks/delivery.py), written only while the
-# record lives: a webhook retried past result_ttl must not re-create it.
+# A field of a job record, written only while the record lives: a webhook's delivery state
+# (conveyor/webhooks/delivery.py; one retried past result_ttl must not re-create it) and the relay's
+# `watched` mark (a follow of an unknown or expired job must not create a record without a TTL).
 HSET_IF_EXISTS = Script(
     keys=("job record",),
     argv=("field", "value"),

@@ -20,6 +20,7 @@ from redis.exceptions import NoScriptError
 
 from conveyor.jobqueue.pubsub.publish import live_publish_command
 from conveyor.jobqueue.scripts import PublishCommand, Script
+from conveyor.jobqueue.scripts.jobs import DEPTH
 from conveyor.wire.job import JobStatus as S
 from conveyor.wire.job import RecordField as F
 
@@ -48,32 +49,59 @@ return {{status, cancel, redis.call('HMGET', KEYS[1], '{F.STARTED_AT}', '{F.FIRS
 )
 
 
+APPEND_FIELDS = ("entry id", "events JSON", "job channel", "first token (0/1)", "final (0/1)", "status",
+                 "result JSON", "final index")  # per job, after the 5 common arguments
+
+
 def append(publish: PublishCommand) -> Script:
-    """Appends one event if this worker still owns the job: XADD (the ID follows the index, so a
-    duplicate is refused) + the live publish; milestones; on the final event the record and the TTLs.
+    """Appends each job's new events (one JSON array, conveyor/wire/event_batch.py) if this worker
+    still owns the job — one ownership check per job per call, and one call per step for all the jobs
+    whose keys share a node's script (all of them on one node, a slot's on a cluster): XADD (the ID
+    follows the batch's last index, so a duplicate is refused) and, only while an api listens to the
+    job (the record's `watched`, Relay.events), the live publish; milestones; on the final event the
+    record (with the final event's index, what a replay after the window needs) and the TTLs: the
+    record's `result_ttl`, the per-token events' `replay_window` (docs/operations/redis.md#memory-per-job).
     Only a refused duplicate counts as "already there": any other XADD error (OOM under maxmemory)
     is the script's error, so the publisher retries the step instead of counting an event unwritten."""
     return Script(
-        keys=("job record", "job event stream"),
-        argv=("worker id", "entry id", "event JSON", "maxlen", "job channel", "now", "first token (0/1)",
-              "final (0/1)", "status", "result JSON", "ttl"),
-        returns="0: not the owner (another worker took the job over), 1: written, 2: was already there",
+        keys=("each job's record, then its event stream, ...",),
+        argv=("worker id", "maxlen", "now", "record ttl", "events ttl",
+              f"per job: {', '.join(APPEND_FIELDS)}, ..."),
+        returns="per job: 0: not the owner (another worker took the job over), 1: written, "
+                "2: was already there",
         source=f"""
-if redis.call('HGET', KEYS[1], '{F.WORKER}') ~= ARGV[1] then return 0 end
-local added = redis.pcall('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], ARGV[2], 'e', ARGV[3])
-if type(added) == 'table' and added.err then
-  if not string.find(added.err, 'equal or smaller', 1, true) then return redis.error_reply(added.err) end
-  if ARGV[8] ~= '1' then return 2 end
-else
-  redis.call('{publish}', ARGV[5], ARGV[3])
+local jobs = #KEYS / 2
+if #ARGV ~= 5 + {len(APPEND_FIELDS)} * jobs then
+  return redis.error_reply('APPEND: 2 keys and {len(APPEND_FIELDS)} arguments per job')
 end
-if ARGV[7] == '1' then redis.call('HSETNX', KEYS[1], '{F.FIRST_TOKEN_AT}', ARGV[6]) end
-if ARGV[8] == '1' then
-  redis.call('HSET', KEYS[1], '{F.STATUS}', ARGV[9], '{F.RESULT}', ARGV[10], '{F.FINISHED_AT}', ARGV[6])
-  redis.call('EXPIRE', KEYS[1], ARGV[11])
-  redis.call('EXPIRE', KEYS[2], ARGV[11])
+local out = {{}}
+for j = 1, jobs do
+  local record, events, a = KEYS[2 * j - 1], KEYS[2 * j], 5 + {len(APPEND_FIELDS)} * (j - 1)
+  local owner = redis.call('HMGET', record, '{F.WORKER}', '{F.WATCHED}')
+  local code = 0
+  if owner[1] == ARGV[1] then
+    code = 1
+    local final = ARGV[a + 5] == '1'
+    local added = redis.pcall('XADD', events, 'MAXLEN', '~', ARGV[2], ARGV[a + 1], 'e', ARGV[a + 2])
+    if type(added) == 'table' and added.err then
+      if not string.find(added.err, 'equal or smaller', 1, true) then return redis.error_reply(added.err) end
+      if not final then code = 2 end
+    elseif owner[2] then
+      redis.call('{publish}', ARGV[a + 3], ARGV[a + 2])
+    end
+    if code == 1 then
+      if ARGV[a + 4] == '1' then redis.call('HSETNX', record, '{F.FIRST_TOKEN_AT}', ARGV[3]) end
+      if final then
+        redis.call('HSET', record, '{F.STATUS}', ARGV[a + 6], '{F.RESULT}', ARGV[a + 7],
+                   '{F.FINISHED_AT}', ARGV[3], '{F.FINAL}', ARGV[a + 8])
+        redis.call('EXPIRE', record, ARGV[4])
+        redis.call('EXPIRE', events, ARGV[5])
+      end
+    end
+  end
+  out[j] = code
 end
-return 1
+return out
 """,
     )
 
@@ -107,14 +135,17 @@ return lost
 
 # Reads new entries (XREADGROUP >, no BLOCK) from each stream in turn until `count` are read, so a
 # worker takes exactly what it has room for, from the first streams first, in one round trip. The
-# first `free` streams (this worker's own stream if `own` is 1, then the bands) are read at once,
-# the rest (other workers' own streams, prefix-affinity placement) only for entries that waited
-# `wait` ms there unread (Redis's clock: entry ids are its milliseconds).
+# first `free` streams (this worker's own stream, then the bands) are read at once, the rest (other
+# workers' own streams, prefix-affinity placement) only for entries that waited `wait` ms there
+# unread (Redis's clock: entry ids are its milliseconds). Also answers the last id of the shard's
+# doorbell (Keys.placed), taken in the same step: a blocking XREAD from it wakes the worker for any
+# job placed on an own stream after this read.
 READ = Script(
-    keys=("the streams of one shard (one hash tag), in the order to read them...",),
-    argv=("group", "consumer", "count", "free", "wait ms", "own (0/1)"),
+    keys=("the shard's doorbell (Keys.placed)",
+          "the streams of one shard (one hash tag), in the order to read them..."),
+    argv=("group", "consumer", "count", "free", "wait ms"),
     returns="{{stream, entries} for each stream read from}, the ms until an unread entry of another "
-            "worker's stream may be taken (-1: none waits), the own stream's last delivered id (or nil)",
+            "worker's stream may be taken (-1: none waits), the doorbell's last id ('0-0': none yet)",
     source="""
 local function delivered(key)
   if redis.call('EXISTS', key) == 0 then return false end
@@ -126,8 +157,9 @@ local function delivered(key)
   return false
 end
 local out, left = {}, tonumber(ARGV[3])
-local free, wait, soonest, now = tonumber(ARGV[4]), tonumber(ARGV[5]), -1, nil
-for i = 1, #KEYS do
+local free, wait, soonest, now = tonumber(ARGV[4]) + 1, tonumber(ARGV[5]), -1, nil
+local bell = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+for i = 2, #KEYS do
   if left <= 0 then break end
   local count = left
   if i > free then
@@ -156,9 +188,7 @@ for i = 1, #KEYS do
     end
   end
 end
-local seen = false
-if ARGV[6] == '1' then seen = delivered(KEYS[1]) end
-return {out, soonest, seen}
+return {out, soonest, bell[1] and bell[1][1] or '0-0'}
 """,
 )
 
@@ -180,9 +210,30 @@ return 1
 )
 
 
+# One worker at a time sweeps the fleet's streams for abandoned jobs (conveyor/worker/lease.py): its
+# holder renews its turn at each heartbeat, gives it up when it has no room or drains, and any worker
+# takes it once it is free or expired (its holder died).
+SWEEP = Script(
+    keys=("the sweeper key (Keys.sweeper)",),
+    argv=("worker id", "ttl ms", "wants to sweep (0/1)"),
+    returns="1: this worker sweeps this round, 0: another does, or nobody",
+    source="""
+local holder = redis.call('GET', KEYS[1])
+if holder and holder ~= ARGV[1] then return 0 end
+if ARGV[3] == '1' then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+if holder then redis.call('DEL', KEYS[1]) end
+return 0
+""",
+)
+
+
 def worker_scripts(publish: PublishCommand) -> dict[str, Script]:
     """The worker's scripts by name, APPEND publishing with `publish`."""
-    return {"take": TAKE, "append": append(publish), "keep": KEEP, "read": READ, "forget": FORGET}
+    return {"take": TAKE, "append": append(publish), "keep": KEEP, "read": READ, "forget": FORGET,
+            "sweep": SWEEP, "depth": DEPTH}
 
 
 class Scripts:
