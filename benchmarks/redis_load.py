@@ -2,8 +2,9 @@
 is not shipped): client processes replay what the api and a worker send for each job, with the
 real code and scripts: JobStore.submit (admission script, record, entry on the job's stream:
 Keys.stream_of), XREADGROUP of those streams (one per shard), the worker's TAKE script, then per
-step one pipeline of the APPEND script (per token: HGET + XADD + PUBLISH inside it, SPUBLISH on a
-cluster) for a batch of jobs, the final APPEND (record, TTLs), XACK + XDEL on each job's stream.
+step one pipeline with one call of the APPEND script for the batch of jobs (per job: HMGET + XADD +
+PUBLISH inside it, SPUBLISH on a cluster; one token per entry, every job followed: the per-token
+worst case, no stream interval coalescing), the final APPEND (record, TTLs), XACK + XDEL on each job's stream.
 The client is the processes' own (conveyor.jobqueue.client.make_client), so a cluster's URL (its nodes
 listed) runs the load on the cluster, the counters summed over its nodes. Heartbeats and lease
 renewals (time-based, a few commands a second per worker) are left out.
@@ -33,7 +34,17 @@ from conveyor.jobqueue.keys import WORKER_GROUP, Keys
 from conveyor.jobqueue.queue import ensure_group
 from conveyor.jobqueue.scripts.worker import Scripts
 from conveyor.settings import Settings
-from conveyor.wire.job import EventToken, JobEvent, JobResult, JobSpec, JobStatus, StoppingSpec, Usage
+from conveyor.wire.event_batch import dump_events
+from conveyor.wire.job import (
+    EventToken,
+    JobEvent,
+    JobResult,
+    JobSpec,
+    JobStatus,
+    RecordField,
+    StoppingSpec,
+    Usage,
+)
 
 
 @dataclass
@@ -57,7 +68,7 @@ async def _client(url: str, seconds: float, batch: int, tokens: int, prompt: int
     keys = Keys(f"load{uuid.uuid4().hex[:8]}")
     settings = Settings(redis_url=url, key_prefix=keys.prefix, max_concurrent_requests=1_000_000_000,
                         redis_cluster=len(node_urls(url)) > 1)
-    done = 0
+    done, cluster = 0, settings.redis_cluster
     async with make_client(settings, decode_responses=True) as redis:
         store, scripts = JobStore(redis, keys, settings), Scripts(redis)
         await scripts.load()
@@ -89,48 +100,35 @@ async def _client(url: str, seconds: float, batch: int, tokens: int, prompt: int
             pipe = redis.pipeline(transaction=False)
             for spec in specs:
                 scripts.call(pipe, "take", [keys.job(spec.id)], ["load", 1, 1, 0, now])
+                pipe.hset(keys.job(spec.id), RecordField.WATCHED, 1)  # a client follows it: live publishes
             await pipe.execute()
             for index in range(tokens):
                 pipe = redis.pipeline(transaction=False)
                 final = index == tokens - 1
-                for spec in specs:
-                    result = (
-                        JobResult(
-                            status=JobStatus.SUCCEEDED,
-                            finish_reason="length",
-                            generated_text=" word" * tokens,
-                            usage=Usage(prompt_tokens=prompt, completion_tokens=tokens),
-                        )
-                        if final
-                        else None
+                result = (
+                    JobResult(
+                        status=JobStatus.SUCCEEDED,
+                        finish_reason="length",
+                        generated_text=" word" * tokens,
+                        usage=Usage(prompt_tokens=prompt, completion_tokens=tokens),
                     )
-                    event = JobEvent(
-                        index=index,
-                        token=EventToken(id=1000 + index, text=" word"),
-                        final=final,
-                        result=result,
-                        at=round(now, 3),
-                    )
-                    scripts.call(
-                        pipe,
-                        "append",
-                        [keys.job(spec.id), keys.events(spec.id)],
-                        [
-                            "load",
-                            f"0-{index + 1}",
-                            event.model_dump_json(exclude_none=True),
-                            1000,
-                            keys.channel(spec.id),
-                            now,
-                            int(index == 0),
-                            int(final),
-                            result.status.value if result else "",
-                            result.model_dump_json() if result else "",
-                            60,  # the record's ttl
-                            60,  # the events' ttl (replay_window)
-                            index,  # the final event's index, kept in the record
-                        ],
-                    )
+                    if final
+                    else None
+                )
+                event = JobEvent(index=index, token=EventToken(id=1000 + index, text=" word"), final=final,
+                                 result=result, at=round(now, 3))
+                # One APPEND call per step for the batch (a job's keys share its slot, not the batch's:
+                # on a cluster one call per job), the record 60 s, the events 60 s.
+                calls = [specs] if not cluster else [[spec] for spec in specs]
+                for group in calls:
+                    job_keys: list[str] = []
+                    args: list[object] = ["load", 1000, now, 60, 60]
+                    for spec in group:
+                        job_keys += [keys.job(spec.id), keys.events(spec.id)]
+                        args += [f"0-{index + 1}", dump_events([event]), keys.channel(spec.id),
+                                 int(index == 0), int(final), result.status.value if result else "",
+                                 result.model_dump_json() if result else "", index]
+                    scripts.call(pipe, "append", job_keys, args)
                 await pipe.execute()
             pipe = redis.pipeline(transaction=False)
             for stream, ids in entries.items():

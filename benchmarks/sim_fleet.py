@@ -8,7 +8,9 @@ Per run, on a fresh valkey-server: the api and W workers with `--engine sim`
 (docs/operations/simulated-engine.md) as real processes, and C streaming clients (TGI
 `/generate_stream`, greedy, exactly M tokens: the sim never draws EOS) each running J jobs one after
 another. The Redis counters are read before and after (benchmarks/redis_fleet.py: INFO commandstats,
-stats, cpu): commands, bytes in/out and server CPU µs per generated token, the commands' mix, and the
+stats, cpu): commands, bytes in/out and server CPU µs per generated token (and of it the time
+inside commands, commandstats' usec: the rest is the server's network and event loop), the
+commands' mix (calls and µs per token), and the
 tokens/s the fleet reached; the api's and the workers' main threads' CPU µs per token (/proc, as
 benchmarks/procstat.py reads it); and the transport's added latency, from the worker's stamp when the
 engine emitted a token to the api's relay receiving it (the api's conveyor_relay_lag_seconds
@@ -130,18 +132,20 @@ def print_runs(runs: list[SimRun], args: argparse.Namespace) -> None:
     print(f"\n{args.clients} {kind} clients × {args.jobs} jobs × {args.tokens} tokens, "
           f"simulated step {args.step_ms} ms")
     print("\n| workers | tokens | s | tokens/s | cmds/token | bytes in/token | bytes out/token "
-          "| server CPU µs/token | api CPU µs/token | worker main thread CPU µs/token "
+          "| server CPU µs/token | in commands µs/token | api CPU µs/token | worker main thread CPU µs/token "
           "| added latency p50 / p99 |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for run in runs:
         c, t = run.cost, run.tokens
         lag = " / ".join("-" if v is None else f"≤ {v * 1000:g} ms" for v in (run.lag_p50, run.lag_p99))
         print(f"| {run.workers} | {t} | {run.seconds:.1f} | {t / run.seconds:.0f} | {c.commands / t:.2f} "
               f"| {c.bytes_in / t:.0f} | {c.bytes_out / t:.0f} | {c.cpu_s / t * 1e6:.1f} "
+              f"| {sum(c.usec.values()) / t:.1f} "
               f"| {run.api_cpu_s / t * 1e6:.1f} | {run.worker_main_cpu_s / t * 1e6:.1f} | {lag} |")
     for run in runs:
         top = sorted(run.cost.calls.items(), key=lambda kv: -kv[1])[:10]
-        mix = ", ".join(f"{k} {v / run.tokens:.3f}" for k, v in top)
+        mix = ", ".join(f"{k} {v / run.tokens:.3f} ({run.cost.usec.get(k, 0) / run.tokens:.2f} µs)"
+                        for k, v in top)
         print(f"\ncommands per token, {run.workers} worker(s): {mix}")
 
 
