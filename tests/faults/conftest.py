@@ -190,6 +190,14 @@ class Cluster:
         self.redis_server.stop()
 
 
+def sim_workers(step_ms: float) -> dict[str, str]:
+    """Worker settings of the simulated engine (docs/operations/simulated-engine.md) on the tiny model's
+    tokenizer: every step `step_ms`, a GPU's token rate, so the stream interval coalesces steps."""
+    return {"CONVEYOR_ENGINE": "sim", "CONVEYOR_SIM_STEP_FIXED_MS": str(step_ms),
+            "CONVEYOR_SIM_WEIGHT_GB": "0", "CONVEYOR_SIM_PREFILL_GFLOP_PER_TOKEN": "0",
+            "CONVEYOR_SIM_KV_BYTES_PER_TOKEN": "512"}
+
+
 def start_cluster(log_dir: Path, model_dir: Path, workers: int, worker_env: dict[str, str] | None = None,
                   api_env: dict[str, str] | None = None, webhook_workers: int = 0,
                   replicas: int | None = None) -> Cluster:

@@ -19,7 +19,7 @@ from conveyor.wire.job import RecordField
 from conveyor.worker.faults import CRASH_EXIT_CODE, CRASH_ON_TOKEN_ENV
 from tests.api.conftest import until
 from tests.faults.clients import Followed, events_url, follow, headers, result_text, submit, text_of
-from tests.faults.conftest import Cluster
+from tests.faults.conftest import Cluster, sim_workers
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
@@ -32,12 +32,15 @@ SYNC = {"inputs": "Count forever", "parameters": {"max_new_tokens": N}}
 ASYNC = {"prompt": "Once upon a time", "max_tokens": N, "ignore_eos": True, "temperature": 0}
 
 
-@pytest.fixture(scope="module")
-def cluster(cluster_factory) -> Cluster:  # type: ignore[no-untyped-def]
+@pytest.fixture(scope="module", params=["model", "sim"])
+def cluster(request, cluster_factory) -> Cluster:  # type: ignore[no-untyped-def]
+    # "sim": the same faults on the simulated engine, 5 ms steps: a job's tokens of several steps go
+    # out as one entry, and a resume continues from such entries
+    engine = sim_workers(5) if request.param == "sim" else {}
     return cluster_factory(WORKERS, worker_env={
         CRASH_ON_TOKEN_ENV: str(POISON), "CONVEYOR_MAX_ATTEMPTS": str(MAX_ATTEMPTS),
         "CONVEYOR_DRAIN_TIMEOUT": "1",  # SIGTERM: 1 s to drain, then the rest is handed over
-        "CONVEYOR_MAX_BATCH_SIZE": str(BATCH),
+        "CONVEYOR_MAX_BATCH_SIZE": str(BATCH), **engine,
     })
 
 

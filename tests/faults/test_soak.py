@@ -23,7 +23,7 @@ from conveyor.webhooks.rq_keys import persistent_rq_keys
 from conveyor.wire.job import RecordField
 from tests.api.conftest import TERMINAL, until
 from tests.faults.clients import afollow, events_url, headers
-from tests.faults.conftest import Cluster
+from tests.faults.conftest import Cluster, sim_workers
 from tests.receiver import Receiver
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
@@ -40,17 +40,20 @@ BEHAVIOURS = {"stream": 18, "follow": 14, "poll": 18, "sync": 14, "disconnect": 
 EXPECTED = {"disconnect": {"cancelled", "succeeded"}, "cancel": {"cancelled", "succeeded"}}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def receiver() -> Iterator[Receiver]:
+    """One per soak: its deliveries are counted against that soak's webhook jobs."""
     hooks = Receiver().start()
     yield hooks
     hooks.stop()
 
 
-@pytest.fixture(scope="module")
-def cluster(cluster_factory, receiver: Receiver) -> Cluster:  # type: ignore[no-untyped-def]
+@pytest.fixture(scope="module", params=["model", "sim"])
+def cluster(request, cluster_factory) -> Cluster:  # type: ignore[no-untyped-def]
     webhook_env = {"CONVEYOR_WEBHOOK_SECRETS": f"alice={SECRET}", "CONVEYOR_WEBHOOK_ALLOW": "127.0.0.1/32"}
-    return cluster_factory(2, api_env=webhook_env, webhook_workers=1)
+    # "sim": the same soak at a GPU's token rate (2 ms steps: the stream interval coalesces ~10)
+    workers = sim_workers(2) if request.param == "sim" else None
+    return cluster_factory(2, api_env=webhook_env, webhook_workers=1, worker_env=workers)
 
 
 @dataclass
