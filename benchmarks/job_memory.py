@@ -3,6 +3,7 @@
     python -m benchmarks.job_memory                          # 8 and 256 tokens, maxmemory 1536mb
     python -m benchmarks.job_memory --tokens 8,64 --prompt-tokens 200 --maxmemory-mb 4096
     python -m benchmarks.job_memory --redis-url redis://host:6379/0   # an existing Redis
+    python -m benchmarks.job_memory --per-entry 2            # tokens coalesced two to an entry
 
 Each job goes through the real code on a fresh valkey-server: the api's submit (JobStore.submit:
 record + queue entry), the worker's TAKE and its Publisher (the APPEND script, one pipeline per
@@ -59,7 +60,7 @@ def token_text(i: int) -> str:
 
 
 async def one_job(redis: Redis, store: JobStore, publisher: Publisher, scripts: Scripts, tokens: int,
-                  prompt_tokens: int) -> Retained:
+                  prompt_tokens: int, per_entry: int = 1) -> Retained:
     """Submits one chat job through the api's path and finishes it through the worker's."""
     keys = store.keys
     spec = JobSpec(id=new_job_id(), created_at=time.time(), kind="chat",
@@ -71,14 +72,15 @@ async def one_job(redis: Redis, store: JobStore, publisher: Publisher, scripts: 
         lambda pipe: scripts.call(pipe, "take", [keys.job(spec.id)], [WORKER, 1, 1, 0, now]))
     job = InFlight(job_id=spec.id, entry_id="", created_at=spec.created_at, started_at=now, spec=spec)
     text = "".join(token_text(i) for i in range(tokens))
-    for i in range(tokens):
-        event = JobEvent(index=i, token=EventToken(id=2000 + i, text=token_text(i), logprob=-0.5))
-        if i == tokens - 1:
-            event.final = True
-            event.result = JobResult.final(JobStatus.SUCCEEDED, reason="length", generated_text=text,
-                                           usage=Usage(prompt_tokens=prompt_tokens, completion_tokens=tokens))
-        published = await publisher.publish([(job, event)])
-        assert not published.lost, "the benchmark's worker lost its job"
+    events = [JobEvent(index=i, token=EventToken(id=2000 + i, text=token_text(i), logprob=-0.5))
+              for i in range(tokens)]
+    events[-1].final = True
+    events[-1].result = JobResult.final(JobStatus.SUCCEEDED, reason="length", generated_text=text,
+                                        usage=Usage(prompt_tokens=prompt_tokens, completion_tokens=tokens))
+    for first in range(0, tokens, per_entry):  # a publish's events of one job are one entry
+        published = await publisher.publish([(job, event) for event in events[first:first + per_entry]])
+        if published.lost:
+            raise RuntimeError("the benchmark's worker lost its job")
     record, events = keys.job(spec.id), keys.events(spec.id)
     return Retained(tokens, len(text.encode()), await redis.memory_usage(record, samples=0) or 0,
                     await redis.object("encoding", record), await redis.memory_usage(events, samples=0) or 0,
@@ -86,7 +88,7 @@ async def one_job(redis: Redis, store: JobStore, publisher: Publisher, scripts: 
 
 
 async def measure(url: str, token_counts: list[int], prompt_tokens: int, listpack_value: int | None = None,
-                  repeat: int = 1) -> tuple[Settings, list[Retained]]:
+                  repeat: int = 1, per_entry: int = 1) -> tuple[Settings, list[Retained]]:
     settings = Settings(redis_url=url)
     redis = Redis.from_url(url, decode_responses=True)
     if listpack_value is not None:
@@ -98,7 +100,7 @@ async def measure(url: str, token_counts: list[int], prompt_tokens: int, listpac
     publisher = Publisher(redis, keys, WORKER, scripts, settings.result_ttl, settings.event_stream_maxlen,
                           replay_window=settings.replay_window)
     try:
-        return settings, [await one_job(redis, store, publisher, scripts, n, prompt_tokens)
+        return settings, [await one_job(redis, store, publisher, scripts, n, prompt_tokens, per_entry)
                           for n in token_counts for _ in range(repeat)]
     finally:
         await redis.aclose()
@@ -133,18 +135,21 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=20, help="jobs of each size (medians reported)")
     parser.add_argument("--hash-max-listpack-value", type=int, default=None,
                         help="CONFIG SET it first (default: the server's own, 64 unless configured)")
+    parser.add_argument("--per-entry", type=int, default=1,
+                        help="tokens per event stream entry (a GPU worker's steps coalesced by "
+                             "stream_interval_ms: about 2 at 15 ms steps; default 1, the most entries)")
     args = parser.parse_args()
     counts = [int(n) for n in args.tokens.split(",")]
     listpack = args.hash_max_listpack_value
     if args.redis_url:
         settings, rows = asyncio.run(measure(args.redis_url, counts, args.prompt_tokens, listpack,
-                                                  args.repeat))
+                                             args.repeat, args.per_entry))
     else:
         with tempfile.TemporaryDirectory() as tmp:
             server = EmbeddedRedis(Path(tmp)).start()
             try:
                 settings, rows = asyncio.run(measure(server.url, counts, args.prompt_tokens, listpack,
-                                                      args.repeat))
+                                                     args.repeat, args.per_entry))
             finally:
                 server.stop()
     print_table(settings, rows, args.maxmemory_mb)
