@@ -98,7 +98,7 @@ async def measure(url: str, token_counts: list[int], prompt_tokens: int, listpac
     await ensure_group(redis, keys)
     scripts = Scripts(redis)
     publisher = Publisher(redis, keys, WORKER, scripts, settings.result_ttl, settings.event_stream_maxlen,
-                          replay_window=settings.replay_window)
+                          events_ttl=settings.events_ttl)
     try:
         return settings, [await one_job(redis, store, publisher, scripts, n, prompt_tokens, per_entry)
                           for n in token_counts for _ in range(repeat)]

@@ -41,15 +41,15 @@ class Published:
 class Publisher:
     def __init__(self, redis: Redis, keys: Keys, worker_id: str, scripts: Scripts, result_ttl: int,
                  event_stream_maxlen: int, observer: Observer | None = None,
-                 replay_window: int | None = None) -> None:
+                 events_ttl: int | None = None) -> None:
         self.redis = redis
         self.observer = observer
         self.keys = keys
         self.worker_id = worker_id
         self.scripts = scripts
         self.result_ttl = result_ttl
-        # An ended job's per-token events live this long, never past its record (None: as long).
-        self.events_ttl = min(result_ttl, replay_window or result_ttl)
+        # An ended job's per-token events live this long (Settings.events_ttl; None: as long as its record).
+        self.events_ttl = events_ttl or result_ttl
         self.maxlen = event_stream_maxlen
         self.cluster = cluster_of(redis)
 

@@ -72,7 +72,7 @@ class Worker:
         self.webhooks = webhook_queue(settings, self.keys)
         self.observer = Observer(self.worker_id, self.metrics, self.webhooks, tracing)
         self.publisher = Publisher(redis, self.keys, self.worker_id, self.scripts, settings.result_ttl,
-                                   settings.event_stream_maxlen, self.observer, settings.replay_window)
+                                   settings.event_stream_maxlen, self.observer, settings.events_ttl)
         self.intake = Intake(redis, self.keys, self.scripts, self.publisher, self.worker_id,
                              settings.max_attempts, self.observer)
         self.affinity = WorkerAffinity(redis, self.keys, self.scripts, self.worker_id, settings.affinity,

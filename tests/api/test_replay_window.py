@@ -38,7 +38,7 @@ async def gone(redis, key: str, timeout: float = 30) -> None:  # type: ignore[no
 
 async def test_events_expire_after_the_window_and_replay_is_the_records_final_event(redis) -> None:  # type: ignore[no-untyped-def]
     publisher = Publisher(redis, KEYS, "w1", Scripts(redis), result_ttl=60, event_stream_maxlen=1000,
-                          replay_window=3)
+                          events_ttl=3)
     job = await owned(redis, "r1")
     await publisher.publish([(job, token_event(i, final=i == 4)) for i in range(5)])
     assert 0 < await redis.pttl(KEYS.events("r1")) <= 3000  # the window, not result_ttl
