@@ -92,3 +92,26 @@ def test_rope_write_kv_rejects_a_mismatched_cache() -> None:
     slots = torch.zeros(2, dtype=torch.long)
     with pytest.raises(ValueError, match="does not hold 4 q and 2 KV heads"):
         triton_fused.rope_write_kv(qkv, cos, sin, torch.zeros(2, 4, 64), cache, cache, slots)
+
+
+def test_the_cuda_backends_run_the_model_through_the_fused_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Triton backend (on CPU under the interpreter, standing in for CUDA) takes the fused loop,
+    which matches transformers as the unfused one does; the CPU backends never take it."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from conveyor.engine.config import EngineConfig
+    from conveyor.engine.model_runner import ModelRunner
+    from tests.engine.test_model_runner import SHAPE, _drive
+
+    calls: list[int] = []
+    real = triton_fused.rope_write_kv
+    monkeypatch.setattr(triton_fused, "rope_write_kv", lambda *a: calls.append(1) or real(*a))
+    torch.manual_seed(0)
+    hf = Qwen2ForCausalLM(Qwen2Config(**SHAPE)).eval()  # q/k/v biases
+    runner = ModelRunner(hf, EngineConfig(block_size=4, num_blocks=128, device="cpu", attention="triton"))
+    assert _drive(runner, hf, [(9, 4, 0, 3), (2, 64, 1, 2)]) == 5
+    assert len(calls) == 2 * 5  # two layers, five steps
+    calls.clear()
+    cpu = ModelRunner(hf, EngineConfig(block_size=4, num_blocks=128, device="cpu"))
+    _drive(cpu, hf, [(3, 64, 0, 1)])
+    assert calls == []

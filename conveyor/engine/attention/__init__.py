@@ -4,7 +4,8 @@ cpu.py: the C++ kernels on CPU; flash.py and triton_paged.py: CUDA's; torch_page
 on any device, the fallback of the others. The model asks its backend through AttentionBackend
 (and native_plan) only, and imports none of them.
 
-The interface (geometry, batch, backend protocol, native plan) is base.py's, re-exported here.
+The interface (geometry, batch, backend protocol, native plan, attend_after_write) is base.py's,
+re-exported here.
 """
 
 from __future__ import annotations
@@ -13,15 +14,17 @@ import importlib.util
 import logging
 
 from conveyor.engine.attention.base import (
+    Attend,
     AttentionBackend,
     AttentionBatch,
     AttentionGeometry,
     NativePlan,
+    attend_after_write,
     native_plan,
 )
 
-__all__ = ["AttentionBackend", "AttentionBatch", "AttentionGeometry", "NativePlan", "native_plan",
-           "select_attention", "flash_unavailable_reason", "ATTENTION_CHOICES"]
+__all__ = ["Attend", "AttentionBackend", "AttentionBatch", "AttentionGeometry", "NativePlan", "native_plan",
+           "attend_after_write", "select_attention", "flash_unavailable_reason", "ATTENTION_CHOICES"]
 
 logger = logging.getLogger(__name__)
 

@@ -8,6 +8,7 @@ context they see; a backend turns it once per step into its own metadata, which 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -94,3 +95,14 @@ def native_plan(backend: AttentionBackend, meta: Any) -> NativePlan | None:
     optional method: only the CPU kernels' backend has it), else None."""
     plan = getattr(backend, "native_plan", None)
     return None if plan is None else plan(meta)
+
+
+# attend(q, k_cache, v_cache, meta, window) -> [T, heads * head_dim]
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Any, int | None], torch.Tensor]
+
+
+def attend_after_write(backend: AttentionBackend) -> Attend | None:
+    """The backend's attention alone, over a cache the caller has already written this step's K/V
+    into at `meta.slots` (an optional method `attend`: only the CUDA backends have it, whose cache
+    layout is cuda.cuda_layout), else None. The model's fused RoPE + KV write uses it."""
+    return getattr(backend, "attend", None)

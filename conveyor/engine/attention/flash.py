@@ -60,8 +60,14 @@ class FlashAttention:
         meta: CudaMeta,
         window: int | None,
     ) -> torch.Tensor:
-        g = self.g
         write_kv(k, v, k_cache, v_cache, meta.slots)
+        return self.attend(q, k_cache, v_cache, meta, window)
+
+    def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: CudaMeta,
+               window: int | None) -> torch.Tensor:  # fmt: skip
+        """Attention over a cache that already holds this step's K/V (the model's fused RoPE + KV
+        write, or forward above)."""
+        g = self.g
         # flash-attn's window counts keys left of the query: q_pos - k_pos <= window - 1.
         window_size = (window - 1, 0) if window is not None else (-1, -1)
         q = q.contiguous()

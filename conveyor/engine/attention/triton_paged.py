@@ -73,8 +73,14 @@ class TritonAttention:
         meta: CudaMeta,
         window: int | None,
     ) -> torch.Tensor:
-        g = self.g
         write_kv(k, v, k_cache, v_cache, meta.slots)
+        return self.attend(q, k_cache, v_cache, meta, window)
+
+    def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: CudaMeta,
+               window: int | None) -> torch.Tensor:  # fmt: skip
+        """Attention over a cache that already holds this step's K/V (the model's fused RoPE + KV
+        write, or forward above)."""
+        g = self.g
         q = q.contiguous()
         out = torch.empty_like(q)
         n = meta.num_decode

@@ -7,6 +7,8 @@ fused into one linear and gate/up into another: fewer, wider GEMMs run closer to
 from __future__ import annotations
 
 import copy
+import functools
+import logging
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -15,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conveyor.engine.attention import AttentionBackend, NativePlan, native_plan
+from conveyor.engine.attention import Attend, AttentionBackend, NativePlan, attend_after_write, native_plan
 from conveyor.engine.model import SUPPORTED_MODEL_TYPES
 from conveyor.engine.model.layer_stack import MLP_ROWS, build_layer_stack
 from conveyor.engine.model.linear import Linear, exact_min_rows
@@ -23,6 +25,8 @@ from conveyor.engine.model.row_padding import padded_rows
 from conveyor.engine.native import fused_ops
 from conveyor.engine.step_observer import StepObserver
 from conveyor.engine.workspace import Workspace
+
+logger = logging.getLogger(__name__)
 
 # RoPE variants whose frequencies depend on the longest position seen: computed per step by
 # transformers with data-dependent control flow, so they cannot be captured in a CUDA graph.
@@ -174,6 +178,9 @@ class Llama:
         norm_out = self._buffer("norm", (n_tok, self.hidden_size))
         qk = self._buffer("qk", (n_tok, heads + kv, hd))  # q and k rotated (_rope)
         h = F.embedding(input_ids, self.embed)
+        # The CUDA backends' loop, through the fused Triton kernels where Triton is importable.
+        if (attend := attend_after_write(attention)) is not None and (kernels := _triton_fused()) is not None:
+            return self._fused_layers(kernels, h, cos, sin, n_real, norm_out, attend, meta, k_cache, v_cache)
         # The C++ loop is built over the fused ops: a model without them (tests switch them off to
         # compare bits) takes the Python loop; so does a backend without a plan for it.
         if self.layer_stack is not None and self.fused is not None and self.fused_norm and self.norm_lanes:
@@ -214,6 +221,45 @@ class Llama:
         if self.observer is not None:
             self.observer.native(self.layer_stack.last_timings())
         return out[:n_real]
+
+    def _fused_layers(
+        self, kernels: ModuleType, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_real: int,
+        norm_out: torch.Tensor, attend: Attend, meta: Any, k_cache: list[torch.Tensor],
+        v_cache: list[torch.Tensor],
+    ) -> torch.Tensor:
+        """The loop of forward() for the CUDA backends, the same math in fewer kernels
+        (triton_fused.py), as vLLM's: each GEMM's output is added into the residual by the next
+        norm, RoPE writes K and V straight into the cache (the backend then only attends), and
+        silu·mul is one pass."""
+        n_tok, eps = h.shape[0], self.eps
+        q = self._buffer("q", (n_real, self.num_heads, self.head_dim))
+        act = self._buffer("act", (n_tok, self.intermediate_size))
+        pending: torch.Tensor | None = None  # the last GEMM's output, not yet added into h
+        for i, layer in enumerate(self.layers):
+            if pending is None:
+                normed = kernels.rms_norm(h, layer.input_norm, eps, norm_out)
+            else:
+                normed, h = kernels.add_rms_norm(pending, h, layer.input_norm, eps, norm_out)
+            qkv = self._apply(layer.qkv, normed, "qkv")
+            kernels.rope_write_kv(qkv, cos, sin, q, k_cache[i], v_cache[i], meta.slots)
+            if self.observer is not None:
+                self.observer.start("attention")
+            att = attend(q, k_cache[i], v_cache[i], meta, layer.window)
+            if self.observer is not None:
+                self.observer.stop("attention")
+            if n_real < n_tok:  # padding rows (CPU only: min_rows) are never attended
+                att = F.pad(att, (0, 0, 0, n_tok - n_real))
+            attended = self._apply(layer.o, att, "o")
+            normed, h = kernels.add_rms_norm(attended, h, layer.post_norm, eps, norm_out)
+            gate_up = self._apply(layer.gate_up, normed, "mlp")
+            if self.silu:
+                kernels.silu_and_mul(gate_up, act)
+            else:
+                self._act_mul(gate_up, act)
+            pending = self._apply(layer.down, act, "down")
+        if pending is not None:
+            h += pending
+        return h[:n_real]
 
     def _mlp(self, h: torch.Tensor, layer: _Layer) -> torch.Tensor:
         """h + MLP(norm(h)). Rows are independent here, so on CPU a long batch (prefill) goes through
@@ -310,3 +356,16 @@ def _window(cfg: Any, index: int) -> int | None:
     if layer_types is not None and layer_types[index] != "sliding_attention":
         return None
     return int(window)
+
+
+@functools.cache
+def _triton_fused() -> ModuleType | None:
+    """The fused Triton kernels (triton_fused.py), imported once, the first time a CUDA backend
+    runs; None, said once, where Triton cannot be imported: the unfused loop runs instead."""
+    try:
+        from conveyor.engine.model import triton_fused
+    except ImportError as exc:
+        logger.warning("fused Triton kernels unavailable (%s): the CUDA path runs torch's unfused ops, "
+                       "several more kernel launches per layer", exc)
+        return None
+    return triton_fused
