@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -23,6 +24,9 @@ from conveyor.engine.model.llama import Llama
 from conveyor.engine.prompt_logprobs import SLICE_ROWS, score, scored_positions
 from conveyor.engine.step_observer import StepObserver
 from conveyor.engine.step_plan import ScheduledChunk
+
+if TYPE_CHECKING:
+    from conveyor.engine.attention.cuda import DecodeGraphs
 
 logger = logging.getLogger(__name__)
 
@@ -118,14 +122,14 @@ class ModelRunner:
             self.device,
         )
         self.observer: StepObserver | None = None  # Engine.observe sets it
-        self.graphs = None
+        self.graphs: DecodeGraphs | None = None
         if self.device.type == "cuda" and self.attention.supports_graphs and m.graph_safe:
-            from conveyor.engine.attention.cuda import DecodeGraphs, graph_sizes
+            from conveyor.engine.attention.cuda import capture_decode_graphs, graph_sizes
 
             sizes = graph_sizes(config.max_batch_size, config.cuda_graphs)
             if sizes:
-                with torch.inference_mode():
-                    self.graphs = DecodeGraphs(self._forward, geometry, sizes, m.max_positions)
+                with torch.inference_mode():  # None where capture fails: eager steps, said why
+                    self.graphs = capture_decode_graphs(self._forward, geometry, sizes, m.max_positions)
         logger.info(
             "model runner: %s %s%s, attention %s, KV cache %s, CUDA graphs %s",
             self.device,

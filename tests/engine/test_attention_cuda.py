@@ -5,12 +5,14 @@ test_attention_triton.py."""
 from __future__ import annotations
 
 import importlib.util
+import logging
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
-from conveyor.engine.attention.cuda import graph_sizes
+from conveyor.engine.attention import AttentionGeometry
+from conveyor.engine.attention.cuda import capture_decode_graphs, graph_sizes
 from conveyor.engine.config import EngineConfig
 from conveyor.engine.model_runner import ModelRunner
 from conveyor.engine.sequence import Sequence
@@ -26,6 +28,33 @@ def test_graph_sizes() -> None:
     assert graph_sizes(8, None) == [1, 2, 4, 8]
     assert graph_sizes(64, (32, 1, 128, 0)) == [1, 32]  # cut to max_batch_size; 0 means none
     assert graph_sizes(64, ()) == []
+
+
+def test_a_failed_graph_capture_leaves_eager_steps(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Capture fails after its warm-up forward (here made to; on a GPU, running out of memory or a
+    kernel that cannot be captured would): no graphs, one warning with the cause and the cost, and
+    no exception to take the worker down."""
+
+    def no_graph() -> None:
+        raise RuntimeError("out of memory while capturing")
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", no_graph)
+    geometry = AttentionGeometry(num_heads=2, num_kv_heads=1, head_dim=4, block_size=4, num_blocks=3,
+                                 device=torch.device("cpu"), dtype=torch.float32)  # fmt: skip
+    warmups: list[int] = []
+
+    def forward(ids: torch.Tensor, positions: torch.Tensor, meta: object) -> torch.Tensor:
+        warmups.append(ids.shape[0])
+        return torch.zeros(ids.shape[0], 8)
+
+    with caplog.at_level(logging.WARNING, logger="conveyor.engine.attention.cuda"):
+        assert capture_decode_graphs(forward, geometry, [1, 2], max_context=16) is None
+    assert warmups == [2]  # the largest size first, and the failure stops the rest
+    [record] = caplog.records
+    assert "decode steps run eager" in record.getMessage()
+    assert "RuntimeError: out of memory while capturing" in record.getMessage()
 
 
 def _cuda_model(cls: type, config_cls: type, **extra: object) -> torch.nn.Module:

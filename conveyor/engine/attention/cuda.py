@@ -9,6 +9,7 @@ either can serve the same cache and copy-on-write is one index_copy.
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,8 @@ from typing import Any
 import torch
 
 from conveyor.engine.attention.base import AttentionBatch, AttentionGeometry
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -69,6 +72,26 @@ def graph_sizes(max_batch: int, wanted: tuple[int, ...] | None) -> list[int]:
     if wanted is None:
         wanted = (1, 2, 4, 8, *range(16, max_batch + 1, 16), max_batch)
     return sorted({s for s in wanted if 0 < s <= max_batch})
+
+
+def capture_decode_graphs(forward: Forward, geometry: AttentionGeometry, sizes: list[int],
+                          max_context: int) -> DecodeGraphs | None:  # fmt: skip
+    """The decode graphs, or None when capturing them fails: the worker then serves every step
+    eager rather than die at start, and says why once."""
+    try:
+        return DecodeGraphs(forward, geometry, sizes, max_context)
+    except Exception as exc:  # noqa: BLE001 - whatever broke the capture, eager steps still run
+        logger.warning(
+            "CUDA graph capture failed, so decode steps run eager: every kernel of a step is launched "
+            "from Python, which costs most at small batches, where launches dominate a step "
+            "(%s: %s)", type(exc).__name__, exc,
+        )  # fmt: skip
+    if geometry.device.type == "cuda":
+        # Give back the half-captured graphs' memory pool. A sticky CUDA error (one that broke the
+        # context, not just the capture) raises here: nothing could run then, eager included.
+        torch.cuda.synchronize(geometry.device)
+        torch.cuda.empty_cache()
+    return None
 
 
 class DecodeGraphs:
