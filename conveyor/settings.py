@@ -178,9 +178,15 @@ class Settings(BaseSettings):
     # --- engine -----------------------------------------------------------------------------
     block_size: int = Field(default=16, ge=1, le=1024, description="Tokens per KV block.")
     kv_cache_memory: str | None = Field(
-        default=None, description="KV cache budget, e.g. '2GiB'; unset: a fraction of free memory."
+        default=None, description="KV cache budget, e.g. '2GiB'; unset: from kv_cache_fraction."
     )
-    kv_cache_fraction: float = Field(default=0.3, gt=0, le=0.95)
+    kv_cache_fraction: float | None = Field(
+        default=None, gt=0, le=0.95,
+        description="On CUDA vLLM's gpu_memory_utilization: the share of the GPU's total memory the "
+        "worker may fill (weights and whatever else is in use counted), the KV cache the rest of that "
+        "share; on CPU the share of available RAM for the KV cache. Unset: 0.9 on CUDA and in the "
+        "simulated engine, 0.3 on CPU.",
+    )
     kv_cache_dtype: Literal["auto", "bfloat16"] = Field(
         default="auto",
         description="KV cache element type (TGI's name). auto: the model's dtype (float32 on CPU); "

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# kv_cache_fraction where none is set: vLLM's gpu_memory_utilization on CUDA (and in the simulated
+# engine, which models a GPU); on CPU a share of the available RAM, which the host's other processes
+# and the activations share.
+DEFAULT_KV_CACHE_FRACTION = {"cuda": 0.9, "cpu": 0.3}
+
 
 @dataclass(slots=True)
 class EngineConfig:
@@ -19,9 +24,14 @@ class EngineConfig:
     # only until as many prefill tokens as its own have been served after it arrived) or "arrival".
     admission_order: str = "shortest"
     enable_prefix_caching: bool = True
-    # KV cache budget in bytes; None: `kv_cache_fraction` of free device memory.
+    # KV cache budget in bytes; None: from `kv_cache_fraction`.
     kv_cache_memory: int | None = None
-    kv_cache_fraction: float = 0.3
+    # On CUDA, vLLM's gpu_memory_utilization: the share of the GPU's total memory the worker may
+    # fill, weights and whatever else is in use counted; the KV cache gets fraction × total − in use
+    # after the weights are loaded, the rest is left to activations and CUDA graphs. On CPU, the
+    # share of the RAM available then (RAM is the host's, shared). None: 0.9 on CUDA (vLLM's
+    # default), 0.3 on CPU (DEFAULT_KV_CACHE_FRACTION).
+    kv_cache_fraction: float | None = None
     num_blocks: int | None = None  # overrides the memory budget (tests)
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
     # The KV cache's element type (TGI's --kv-cache-dtype): auto, the model's dtype, or bfloat16,

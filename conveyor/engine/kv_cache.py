@@ -7,16 +7,13 @@ import os
 import torch
 
 from conveyor.engine import hugepages
-from conveyor.engine.config import EngineConfig
+from conveyor.engine.config import DEFAULT_KV_CACHE_FRACTION, EngineConfig
 
 _GIB = 1024**3
 
 
 def available_memory(device: torch.device) -> int:
-    """Bytes the KV cache may draw from: free device memory on CUDA, available RAM on CPU."""
-    if device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(device)
-        return int(free)
+    """Bytes of RAM available on the host (CPU's KV cache draws from it)."""
     try:
         import psutil
 
@@ -25,17 +22,31 @@ def available_memory(device: torch.device) -> int:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
+def fraction_budget(fraction: float | None, device: torch.device) -> int:
+    """Bytes for the KV cache under kv_cache_fraction `fraction` (EngineConfig says what it means;
+    None: DEFAULT_KV_CACHE_FRACTION), measured now, after the weights are loaded. May be negative: too
+    little room."""
+    if fraction is None:
+        fraction = DEFAULT_KV_CACHE_FRACTION["cuda" if device.type == "cuda" else "cpu"]
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"kv_cache_fraction must be in (0, 1], got {fraction}")
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        # As vLLM: what is in use already (these weights, the CUDA context, other processes)
+        # comes out of the worker's share of the whole GPU.
+        return int(total * fraction) - (total - free)
+    return int(available_memory(device) * fraction)
+
+
 def plan_num_blocks(config: EngineConfig, bytes_per_block: int, device: torch.device) -> int:
-    """Blocks to allocate: `num_blocks` if set, else the byte budget, else a fraction of free memory."""
+    """Blocks to allocate: `num_blocks` if set, else the byte budget, else kv_cache_fraction's."""
     if config.num_blocks is not None:
         num_blocks = config.num_blocks
     else:
         if config.kv_cache_memory is not None:
             budget = config.kv_cache_memory
         else:
-            if not 0.0 < config.kv_cache_fraction <= 1.0:
-                raise ValueError(f"kv_cache_fraction must be in (0, 1], got {config.kv_cache_fraction}")
-            budget = int(available_memory(device) * config.kv_cache_fraction)
+            budget = fraction_budget(config.kv_cache_fraction, device)
         num_blocks = budget // bytes_per_block
     if num_blocks < 1:
         raise ValueError(

@@ -132,8 +132,8 @@ class SimRunner:
 
 
 def sim_num_blocks(model: StepTimeModel, config: EngineConfig) -> int:
-    """As the real engine: num_blocks, else kv_cache_memory, else kv_cache_fraction of the free
-    (simulated) GPU memory; blocks of kv_bytes_per_token × block_size."""
+    """As the real engine on CUDA: num_blocks, else kv_cache_memory, else kv_cache_fraction of the
+    (simulated) GPU memory less the weights; blocks of kv_bytes_per_token × block_size."""
     if config.num_blocks is not None:
         return config.num_blocks
     budget = config.kv_cache_memory or model.kv_budget_bytes(config.kv_cache_fraction)

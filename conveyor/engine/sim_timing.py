@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from conveyor.engine.config import DEFAULT_KV_CACHE_FRACTION
 from conveyor.engine.step_plan import ScheduledChunk
 
 GB = 1e9
@@ -57,13 +58,16 @@ class StepTimeModel:
                 prefill += c.length
         return self.seconds(context, prefill)
 
-    def kv_budget_bytes(self, fraction: float) -> int:
-        """The KV cache of `fraction` of the memory the weights leave free, as the real engine's
-        kv_cache_fraction of free memory."""
+    def kv_budget_bytes(self, fraction: float | None) -> int:
+        """The KV cache under kv_cache_fraction `fraction` as the real engine reads it on CUDA
+        (vLLM's gpu_memory_utilization): `fraction` of the GPU's memory less the weights; None: 0.9."""
+        if fraction is None:
+            fraction = DEFAULT_KV_CACHE_FRACTION["cuda"]
         if not 0.0 < fraction <= 1.0:
             raise ValueError(f"kv_cache_fraction must be in (0, 1], got {fraction}")
-        free = self.gpu_memory_bytes - self.weight_bytes
-        if free <= 0:
-            raise ValueError(f"the simulated weights ({self.weight_bytes:.3g} B) fill the simulated GPU "
-                             f"memory ({self.gpu_memory_bytes:.3g} B): raise sim_gpu_memory_gb")
-        return int(free * fraction)
+        budget = self.gpu_memory_bytes * fraction - self.weight_bytes
+        if budget <= 0:
+            raise ValueError(f"the simulated weights ({self.weight_bytes:.3g} B) fill kv_cache_fraction "
+                             f"{fraction} of the simulated GPU memory ({self.gpu_memory_bytes:.3g} B): "
+                             "raise sim_gpu_memory_gb or kv_cache_fraction")
+        return int(budget)

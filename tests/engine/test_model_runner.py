@@ -241,8 +241,20 @@ def test_cache_geometry(llama: LlamaForCausalLM, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(kv_cache, "available_memory", lambda device: per_block * 100)
     runner = ModelRunner(llama, EngineConfig(kv_cache_fraction=0.25, device="cpu"))
     assert runner.num_blocks == 25
+    assert ModelRunner(llama, EngineConfig(device="cpu")).num_blocks == 30  # CPU's default share
     with pytest.raises(ValueError, match="no block"):
         ModelRunner(llama, EngineConfig(kv_cache_memory=per_block - 1, device="cpu"))
+
+
+def test_the_kv_fraction_on_cuda_is_vllms_gpu_memory_utilization(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fraction × total − in use (weights, context, other processes), as vLLM; 0.9 by default."""
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (60 * gib, 80 * gib))  # 20 GiB in use
+    cuda = torch.device("cuda")
+    assert kv_cache.fraction_budget(None, cuda) == kv_cache.fraction_budget(0.9, cuda) == 52 * gib
+    assert kv_cache.fraction_budget(0.2, cuda) == -4 * gib  # too little room: plan_num_blocks says so
+    with pytest.raises(ValueError, match="kv_cache_fraction must be in"):
+        kv_cache.fraction_budget(1.5, cuda)
 
 
 def test_short_block_table_is_rejected(llama: LlamaForCausalLM) -> None:

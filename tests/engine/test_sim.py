@@ -48,11 +48,13 @@ def test_a_rate_or_size_of_zero_is_refused(field: str) -> None:
         StepTimeModel(**{field: 0.0})
 
 
-def test_the_kv_cache_is_its_fraction_of_what_the_weights_leave() -> None:
+def test_the_kv_cache_is_its_fraction_of_the_gpu_less_the_weights() -> None:
+    """As vLLM's gpu_memory_utilization, whose 0.9 is the default."""
     model = StepTimeModel(weight_bytes=16e9, gpu_memory_bytes=141e9, kv_bytes_per_token=131_072)
-    assert model.kv_budget_bytes(0.5) == 62_500_000_000
+    assert model.kv_budget_bytes(0.5) == 54_500_000_000
+    assert model.kv_budget_bytes(None) == model.kv_budget_bytes(0.9) == 110_900_000_000
     runner = SimRunner(model, EngineConfig(kv_cache_fraction=0.5, block_size=16), None)
-    assert runner.num_blocks == 62_500_000_000 // (131_072 * 16)
+    assert runner.num_blocks == 54_500_000_000 // (131_072 * 16)
     assert SimRunner(model, EngineConfig(kv_cache_memory=2**30), None).num_blocks == 512
     with pytest.raises(ValueError, match="sim_gpu_memory_gb"):
         StepTimeModel(weight_bytes=200e9).kv_budget_bytes(0.9)
