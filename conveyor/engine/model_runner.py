@@ -22,6 +22,7 @@ from conveyor.engine.config import EngineConfig
 from conveyor.engine.kv_cache import KVCache, bytes_per_block, plan_num_blocks
 from conveyor.engine.model.llama import Llama
 from conveyor.engine.prompt_logprobs import SLICE_ROWS, score, scored_positions
+from conveyor.engine.staging import to_device
 from conveyor.engine.step_observer import StepObserver
 from conveyor.engine.step_plan import ScheduledChunk
 
@@ -215,7 +216,9 @@ class ModelRunner:
             first = c.start % bs
             slot_parts.append((blocks[:, None] * bs + torch.arange(bs)).view(-1)[first : first + c.length])
             last_row[id(c)] = len(ids) - 1
-        slots = torch.cat([torch.tensor(decode_slots, dtype=torch.long), *slot_parts]).to(self.device)
+        # Onto the device through pinned memory (staging.py): no copy here waits for the GPU.
+        slots = to_device(torch.cat([torch.tensor(decode_slots, dtype=torch.long), *slot_parts]), torch.long,
+                          self.device)  # fmt: skip
         num_decode = len(decode_slots)
         batch = AttentionBatch(
             num_decode=num_decode,
@@ -225,8 +228,8 @@ class ModelRunner:
             slots=slots,
         )
         meta = self.attention.prepare(batch)
-        ids_t = torch.tensor(ids, dtype=torch.long, device=self.device)
-        pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
+        ids_t = to_device(ids, torch.long, self.device)
+        pos_t = to_device(positions, torch.long, self.device)
         hidden = None
         if self.graphs is not None and not prefill:
             hidden = self.graphs.run(ids_t, pos_t, meta)
@@ -237,7 +240,7 @@ class ModelRunner:
         rows = [r for c in chunks if c.sample for r in (last_row[id(c)], *draft_rows.get(id(c), ()))]
         if not rows:
             return torch.empty(0, self.vocab_size, dtype=torch.float32, device=self.device)
-        picked = hidden.index_select(0, torch.tensor(rows, dtype=torch.long, device=self.device))
+        picked = hidden.index_select(0, to_device(rows, torch.long, self.device))
         return self._logits(picked)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -268,8 +271,8 @@ class ModelRunner:
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy-on-write of forked sequences' shared blocks: every layer's K and V of block source
         into block destination, before the forward that writes there."""
-        src = torch.tensor([s for s, _ in copies], dtype=torch.long, device=self.device)
-        dst = torch.tensor([d for _, d in copies], dtype=torch.long, device=self.device)
+        src = to_device([s for s, _ in copies], torch.long, self.device)
+        dst = to_device([d for _, d in copies], torch.long, self.device)
         data = self.cache._data  # [layer, K/V, block, ...] for every backend's layout
         data.index_copy_(2, dst, data.index_select(2, src))
 

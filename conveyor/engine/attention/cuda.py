@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from conveyor.engine.attention.base import AttentionBatch, AttentionGeometry
+from conveyor.engine.staging import to_device
 
 logger = logging.getLogger(__name__)
 
@@ -39,14 +40,15 @@ def cuda_layout(g: AttentionGeometry) -> tuple[int, ...]:
 
 
 def prepare_meta(batch: AttentionBatch, g: AttentionGeometry) -> CudaMeta:
-    """The block tables cut to the blocks each sequence reads, padded with block 0 (never read)."""
+    """The block tables cut to the blocks each sequence reads, padded with block 0 (never read);
+    copied to the device without a host sync (staging.py)."""
     used = [-(-ctx // g.block_size) for ctx in batch.context_lens]
     width = max(used)
     rows = [t[:u] + [0] * (width - u) for t, u in zip(batch.block_tables, used, strict=True)]
     return CudaMeta(
         slots=batch.slots,
-        context_lens=torch.tensor(batch.context_lens, dtype=torch.int32, device=g.device),
-        block_table=torch.tensor(rows, dtype=torch.int32, device=g.device),
+        context_lens=to_device(batch.context_lens, torch.int32, g.device),
+        block_table=to_device(rows, torch.int32, g.device),
         num_decode=batch.num_decode,
     )
 
@@ -60,7 +62,7 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
 def cumulative(lengths: list[int], device: torch.device) -> torch.Tensor:
     """[len + 1] int32 prefix sums: where each chunk's rows start."""
-    return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
+    return to_device([0, *itertools.accumulate(lengths)], torch.int32, device)
 
 
 Forward = Callable[[torch.Tensor, torch.Tensor, CudaMeta], torch.Tensor]
