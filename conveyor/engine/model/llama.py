@@ -176,11 +176,11 @@ class Llama:
         # The step's workspaces and their views, taken once for all layers: per layer, each costs
         # Python and dispatch, a visible part of a small decode step over 30 layers (docs/engine.md).
         norm_out = self._buffer("norm", (n_tok, self.hidden_size))
-        qk = self._buffer("qk", (n_tok, heads + kv, hd))  # q and k rotated (_rope)
         h = F.embedding(input_ids, self.embed)
         # The CUDA backends' loop, through the fused Triton kernels where Triton is importable.
         if (attend := attend_after_write(attention)) is not None and (kernels := _triton_fused()) is not None:
             return self._fused_layers(kernels, h, cos, sin, n_real, norm_out, attend, meta, k_cache, v_cache)
+        qk = self._buffer("qk", (n_tok, heads + kv, hd))  # q and k rotated (_rope)
         # The C++ loop is built over the fused ops: a model without them (tests switch them off to
         # compare bits) takes the Python loop; so does a backend without a plan for it.
         if self.layer_stack is not None and self.fused is not None and self.fused_norm and self.norm_lanes:
