@@ -29,6 +29,7 @@ from conveyor.engine.sampler import Sampler
 from conveyor.engine.scheduler import Scheduler
 from conveyor.engine.sequence import FinishReason, Sequence
 from conveyor.engine.speculative.ngram import NgramProposer
+from conveyor.engine.speculative.policy import row_budget
 from conveyor.engine.speculative.verify import Speculator
 from conveyor.engine.step_observer import StepObserver
 from conveyor.wire.heartbeat import EngineLoad  # torch-free: the heartbeat and metrics read the same type
@@ -72,6 +73,7 @@ class Engine:
         self.speculator = Speculator(
             config.speculate, self.block_manager,
             NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max), max_model_len,
+            row_budget(str(getattr(runner, "device", "cpu"))),
         )
         self.grammars = GrammarCompiler(tokenizer, self.eos_token_ids)
         self._detokenizers: dict[tuple[str, int], Detokenizer] = {}  # by (request id, choice)

@@ -43,6 +43,8 @@ class SamplingParams:
     # Prompt logprobs (conveyor/engine/prompt_logprobs.py): None: not computed; k: each prompt token's own
     # logprob and the top k alternatives (0: only its own).
     prompt_logprobs: int | None = None
+    # False: no draft tokens for this request even where the engine speculates (speculative/).
+    speculate: bool = True
 
     @property
     def greedy(self) -> bool:

@@ -12,6 +12,7 @@ from conveyor.engine.prompt_logprobs import PromptScore
 
 if TYPE_CHECKING:
     from conveyor.engine.grammar import GrammarMatcher
+    from conveyor.engine.speculative.policy import DraftState
 
 
 class FinishReason(StrEnum):
@@ -70,9 +71,9 @@ class Sequence:
     # its KV blocks instead of computing the prompt again; conveyor/engine/fork.py).
     choice: int = 0
     forks: tuple[Sequence, ...] = ()
-    # Speculative decoding: the most draft tokens to propose next, adapted to how many were
-    # accepted (conveyor/engine/speculative/verify.py); None: not speculated yet.
-    draft_limit: int | None = None
+    # Speculative decoding: the longest draft to propose next and the pause after misses
+    # (conveyor/engine/speculative/policy.py); None: not speculated yet.
+    drafting: DraftState | None = None
 
     def __post_init__(self) -> None:
         if not self.token_ids:

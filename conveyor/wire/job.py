@@ -40,6 +40,7 @@ class SamplingSpec(BaseModel):
     grammar: GrammarSpec | None = None  # structured output: only tokens the grammar allows
     # Prompt logprobs: None: not computed; k: each prompt token's logprob and its top k (0: none).
     prompt_logprobs: int | None = Field(default=None, ge=0)
+    speculate: bool = True  # false: this job decodes one token a step whatever the worker's --speculate
 
 
 class StoppingSpec(BaseModel):

@@ -56,6 +56,8 @@ class _Sampling(_NullIsAbsent):
     top_k: int | None = Field(default=None, ge=-1, description="Extension; -1 or 0: off.")
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=100.0, description="Extension.")
     ignore_eos: bool = Field(default=False, description="Extension: generate max_tokens whatever the EOS.")
+    speculate: bool = Field(default=True, description="Extension: false, no speculative decoding for this "
+                            "request (where the server's `--speculate` is on).")
 
     @field_validator("stop")
     @classmethod

@@ -35,6 +35,8 @@ class GenerateParameters(BaseModel):
     grammar: dict | None = None
     # TGI accepts it; Conveyor rejects it with a message instead of ignoring it.
     adapter_id: str | None = None
+    # Conveyor's: false turns speculative decoding (the server's --speculate) off for this request.
+    speculate: bool = True
 
     @field_validator("stop")
     @classmethod

@@ -31,7 +31,7 @@ def engine_params(spec: JobSpec, seed: int | None,
         frequency_penalty=s.frequency_penalty, presence_penalty=s.presence_penalty,
         seed=seed, top_n_tokens=s.top_n_tokens, logit_bias=tuple(sorted(s.logit_bias.items())),
         grammar=Grammar(s.grammar.kind, s.grammar.value) if s.grammar else None,
-        prompt_logprobs=None if resumed else s.prompt_logprobs,
+        prompt_logprobs=None if resumed else s.prompt_logprobs, speculate=s.speculate,
     )
     stopping = StoppingParams(
         max_new_tokens=spec.stopping.max_new_tokens,

@@ -14,6 +14,7 @@ from conveyor.engine.events import TokenEvent
 from conveyor.engine.params import SamplingParams, StoppingParams
 from conveyor.engine.sequence import Sequence
 from conveyor.engine.speculative.ngram import NgramProposer
+from conveyor.engine.speculative.policy import DraftState
 
 PROMPT = list(range(100, 137))
 NEW = 40
@@ -173,10 +174,10 @@ def test_who_gets_a_draft_and_how_its_length_adapts() -> None:
     import torch
 
     from conveyor.engine.sampler import Sampler
-    from conveyor.engine.speculative.verify import MAX_DECODE_ROWS, Speculator
+    from conveyor.engine.speculative.verify import Speculator
     from conveyor.engine.step_plan import ScheduledChunk, SchedulerOutput
 
-    bm = BlockManager(num_blocks=64, block_size=4)
+    bm = BlockManager(num_blocks=256, block_size=4)
     spec = Speculator(4, bm)
 
     def decoding(rid: str, sampling: SamplingParams | None = None) -> ScheduledChunk:
@@ -188,8 +189,9 @@ def test_who_gets_a_draft_and_how_its_length_adapts() -> None:
         return ScheduledChunk(seq, seq.num_computed_tokens, 1)
 
     greedy, penalised = decoding("g"), decoding("p", SamplingParams(repetition_penalty=1.2))
-    assert spec.propose(SchedulerOutput([greedy, penalised])) == [greedy]
-    assert greedy.draft == [1, 2, 3] and not penalised.draft
+    refused = decoding("off", SamplingParams(speculate=False))
+    assert spec.propose(SchedulerOutput([greedy, penalised, refused])) == [greedy]
+    assert greedy.draft == [1, 2, 3] and not penalised.draft and not refused.draft
     greedy.seq.num_computed_tokens += 1  # what the scheduler's complete() does after the forward
     # The model agrees with the first two draft tokens only: 2 accepted + the bonus token, and the
     # next draft is one shorter.
@@ -203,9 +205,14 @@ def test_who_gets_a_draft_and_how_its_length_adapts() -> None:
 
     spec.verify([greedy], logits, Sampler(), emit)
     assert emitted == [1, 2, 7] and greedy.seq.generated_ids == [3, 1, 2, 7]
-    assert greedy.seq.num_computed_tokens == 11 and greedy.seq.draft_limit == 3
+    assert greedy.seq.num_computed_tokens == 11 and greedy.seq.drafting.limit == 3
     assert len(greedy.seq.block_table) == bm.blocks_for(11)
     assert (spec.stats.num_draft_tokens, spec.stats.num_accepted_tokens) == (3, 2)
-    # A large batch gets no draft at all.
-    many = [decoding(f"m{i}") for i in range(MAX_DECODE_ROWS + 1)]
+    # A batch as large as the row budget gets no draft at all; a smaller one shares what is left,
+    # the sequences with the longest drafts allowed first.
+    many = [decoding(f"m{i}") for i in range(spec.row_budget)]
     assert spec.propose(SchedulerOutput(many)) == [] and not any(c.draft for c in many)
+    some = [decoding(f"s{i}") for i in range(spec.row_budget - 5)]
+    some[0].seq.drafting = DraftState(limit=1)  # its last drafts missed: served last
+    assert spec.propose(SchedulerOutput(some)) == [some[1], some[2]]
+    assert [len(c.draft) for c in some[:4]] == [0, 3, 2, 0]  # 5 rows left; the lookup finds 3 tokens

@@ -121,11 +121,13 @@ def engines(tiny_model_dir: Path) -> dict[int, Engine]:
 
 
 def generate(engine: Engine, seeds: range, sampling: SamplingParams = BIASED) -> dict[int, list[TokenEvent]]:
-    """Each seed's request, 16 at a time (a step with more decodes proposes no draft)."""
+    """Each seed's request, a few at a time: the step's row budget leaves each a draft of 3 tokens
+    (policy.py)."""
     out: dict[int, list[TokenEvent]] = {}
     stop = StoppingParams(max_new_tokens=NEW, ignore_eos=True)
-    for group in range(seeds.start, seeds.stop, 16):
-        for s in range(group, min(group + 16, seeds.stop)):
+    size = engine.speculator.row_budget // 4
+    for group in range(seeds.start, seeds.stop, size):
+        for s in range(group, min(group + size, seeds.stop)):
             engine.add(str(s), PROMPT, dataclasses.replace(sampling, seed=s), stop)
         while engine.has_unfinished():
             for e in engine.step():

@@ -123,6 +123,7 @@ def tgi_job(settings: Settings, tokenizer: PromptTokenizer, template: ChatTempla
         top_n_tokens=p.top_n_tokens or 0,
         grammar=from_tgi(settings, p.grammar) if p.grammar is not None else None,
         prompt_logprobs=0 if p.decoder_input_details else None,  # TGI's `details.prefill`
+        speculate=p.speculate,
     )
     # As TGI: a matched stop sequence ends `generated_text` (OpenAI's `stop` cuts it off).
     stopping = StoppingSpec(max_new_tokens=max_new_tokens, stop=p.stop, include_stop_str_in_output=True)

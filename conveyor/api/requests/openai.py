@@ -61,6 +61,7 @@ def _sampling(body: _Sampling, top_n_tokens: int, vocab: int,
         top_n_tokens=top_n_tokens,
         logit_bias=_logit_bias(body, vocab),
         grammar=grammar,
+        speculate=body.speculate,
     )
 
 

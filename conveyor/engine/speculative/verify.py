@@ -24,11 +24,11 @@ prefix cache, never preempting: drafts are placed after the scheduler's own allo
 verification the table is cut back to the computed tokens and only full blocks of accepted tokens
 reach the prefix cache, so block counts and hashes equal a run without speculation.
 
-Speculating only where it is exact and cheap: greedy or sampled requests without penalties (which
-would need each position's token counts), grammar (each position's matcher state) or forks still
-to start, in steps with at most `MAX_DECODE_ROWS` decodes (above that a forward's extra rows are no
-longer nearly free). Others decode one token a step, unchanged. Each sequence's draft length
-adapts: +2 after a draft accepted whole, -1 (down to 1) after a miss.
+Speculating only where it is exact: greedy or sampled requests without penalties (which would
+need each position's token counts), grammar (each position's matcher state) or forks still to
+start, and that did not turn it off (`SamplingParams.speculate`). Others decode one token a step,
+unchanged. Where it is cheap: policy.py (draft lengths adapted per sequence, paused while drafts
+miss, within a budget of rows per step).
 """
 
 from __future__ import annotations
@@ -43,11 +43,8 @@ from conveyor.engine.events import TokenEvent
 from conveyor.engine.sampler import Sampler
 from conveyor.engine.sequence import Sequence
 from conveyor.engine.speculative.ngram import NgramProposer, Proposer
+from conveyor.engine.speculative.policy import CPU_ROW_BUDGET, DraftState, share_rows
 from conveyor.engine.step_plan import ScheduledChunk, SchedulerOutput
-
-# Decodes in a step above which no draft is proposed: on CPU a forward costs about the weights'
-# read up to a few dozen rows, so a draft rides nearly free on a small batch and not on a large one.
-MAX_DECODE_ROWS = 16
 
 Emit = Callable[[Sequence, int, float, list[tuple[int, float]]], TokenEvent]
 
@@ -68,7 +65,8 @@ class SpecStats:
 def speculates(seq: Sequence) -> bool:
     """Whether seq's next tokens can be verified exactly several at a time (see the module doc)."""
     p = seq.sampling
-    return not p.uses_penalties and seq.matcher is None and not seq.forks and seq.num_generated > 0
+    return (p.speculate and not p.uses_penalties and seq.matcher is None and not seq.forks
+            and seq.num_generated > 0)
 
 
 class Speculator:
@@ -78,6 +76,7 @@ class Speculator:
         block_manager: BlockManager,
         proposer: Proposer | None = None,
         max_model_len: int | None = None,
+        row_budget: int = CPU_ROW_BUDGET,
     ) -> None:
         if num_tokens < 0:
             raise ValueError(f"speculative tokens must be >= 0, got {num_tokens}")
@@ -85,6 +84,7 @@ class Speculator:
         self.block_manager = block_manager
         self.proposer: Proposer = proposer or NgramProposer()
         self.max_model_len = max_model_len
+        self.row_budget = row_budget
         self.stats = SpecStats()
 
     def propose(self, output: SchedulerOutput) -> list[ScheduledChunk]:
@@ -92,21 +92,29 @@ class Speculator:
         if not self.num_tokens:
             return []
         decodes = [c for c in output.chunks if c.length == 1 and c.sample]
-        if len(decodes) > MAX_DECODE_ROWS:
+        budget = self.row_budget - len(decodes)
+        if budget <= 0:
             return []
-        drafted = []
+        candidates: list[tuple[ScheduledChunk, list[int]]] = []
         for chunk in decodes:
             seq = chunk.seq
             if not speculates(seq):
                 continue
+            if seq.drafting is None:
+                seq.drafting = DraftState(self.num_tokens)
+            if not seq.drafting.ready():
+                continue
             # Never past what the request may still generate: the last token is the bonus one.
-            if seq.draft_limit is None:
-                seq.draft_limit = self.num_tokens
-            k = min(seq.draft_limit, seq.stopping.max_new_tokens - seq.num_generated - 1)
+            k = min(seq.drafting.limit, seq.stopping.max_new_tokens - seq.num_generated - 1)
             if self.max_model_len is not None:
                 k = min(k, self.max_model_len - seq.num_tokens)
             draft = self.proposer.propose(seq.token_ids, k) if k > 0 else []
-            room = self.block_manager.extend_for_draft(seq, len(draft)) if draft else 0
+            if draft:
+                candidates.append((chunk, draft))
+        drafted = []
+        for (chunk, draft), share in zip(candidates, share_rows([len(d) for _, d in candidates], budget),
+                                         strict=True):
+            room = self.block_manager.extend_for_draft(chunk.seq, share) if share else 0
             if room:
                 chunk.draft = draft[:room]
                 drafted.append(chunk)
@@ -150,10 +158,8 @@ class Speculator:
             self.stats.num_drafts += 1
             self.stats.num_draft_tokens += len(draft)
             self.stats.num_accepted_tokens += accepted
-            # HF assisted generation's schedule: longer after a draft taken whole, shorter after a
-            # miss (a rejected token costs a row of the forward and of the lm_head).
-            limit = seq.draft_limit or self.num_tokens
-            seq.draft_limit = min(self.num_tokens, limit + 2) if accepted == len(draft) else max(1, limit - 1)
+            if seq.drafting is not None:
+                seq.drafting.update(len(draft), accepted, self.num_tokens)
             base = seq.num_computed_tokens
             for j in range(accepted + 1):
                 # As a step at a time would: the KV of the tokens before this one is computed (and
