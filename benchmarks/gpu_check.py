@@ -75,20 +75,23 @@ def versions() -> dict[str, Any]:
     return out
 
 
-class PartTimeout(Exception):
-    """A part ran past its own budget (--budget); the parts after it still run."""
+class PartTimeout(BaseException):
+    """A part ran past its own budget (--budget); the parts after it still run. A BaseException, as
+    KeyboardInterrupt, so that the `except Exception` of a library (or of a part's own fallbacks)
+    cannot swallow it."""
 
 
 @contextlib.contextmanager
 def deadline(seconds: float) -> Iterator[None]:
-    """PartTimeout in the main thread after `seconds`, by SIGALRM. Python code stops at once; a call
-    into C (a kernel launch, a synchronize) first returns, so the wrapper's overall bound stays."""
+    """PartTimeout in the main thread after `seconds`, by SIGALRM, and again every second after
+    that until the part ends. Python code stops at once; a call into C (a kernel launch, a
+    synchronize) first returns, so the wrapper's overall bound stays."""
 
     def expire(signum: int, frame: Any) -> None:
         raise PartTimeout(f"ran past its {seconds:g} s budget")
 
     previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    signal.setitimer(signal.ITIMER_REAL, seconds, 1.0)
     try:
         yield
     finally:
@@ -104,7 +107,7 @@ def run_part(results: dict[str, Any], name: str, fn: Any, out_dir: Path, budget_
     try:
         with deadline(budget_s):
             results[name] = fn()
-    except Exception as exc:  # noqa: BLE001 - later parts still run, the JSON says what broke
+    except (Exception, PartTimeout) as exc:  # noqa: BLE001 - later parts still run, the JSON says what broke
         results[name] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
         if isinstance(exc, PartTimeout):
             results[name]["timed_out"] = True
