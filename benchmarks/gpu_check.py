@@ -5,11 +5,16 @@ prefill speed of a Llama-3-8B-shaped model against ceilings measured in the same
     python -m benchmarks.gpu_check --out DIR  # the same without the bound
 
 Parts: (a) correctness (benchmarks/gpu_correctness.py): a small random Llama's greedy output through
-ModelRunner against Hugging Face's, alone vs together, CUDA graphs on vs off, for attention
-triton and torch; (b) decode and (c) prefill (benchmarks/gpu_speed.py), CUDA only. Without CUDA, (a)
-runs on CPU in fp32 with the Triton kernels under TRITON_INTERPRET=1, and (b), (c) are skipped.
+ModelRunner against Hugging Face's, for attention triton and torch; the prompts alone and with
+graphs off are judged against HF the same way (in bf16 a row's rounding may follow its batch), their
+exact equality with the batched run only reported; (b) decode (graph and eager step times, host
+syncs per step) and (c) prefill (benchmarks/gpu_speed.py), CUDA only. Without CUDA, (a) runs on CPU
+in fp32 with the Triton kernels under TRITON_INTERPRET=1, and (b), (c) are skipped. Each part has
+its own time bound (BUDGET_S, --budget PART=SECONDS) and fallback: a part that fails or runs past
+its bound records its error (a cut decode part keeps the rows it measured) and the next one runs;
+when the 8B model's graphs cannot be captured, decode still reports its eager step times.
 Writes gpu_check.json (every figure, versions, what was skipped and why) and gpu_check.md (the
-table), after every part, so a run cut short keeps what it measured.
+table), after every part and every decode batch, so a run cut short keeps what it measured.
 
 Needs: torch (a CUDA build for (b), (c)), triton, transformers >= 4.57, numpy; nothing from the
 network. The H200 image has all four; elsewhere carry them as wheels.
@@ -18,15 +23,20 @@ network. The H200 image has all four; elsewhere carry them as wheels.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
+import gc
 import importlib.metadata
 import json
 import logging
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +48,9 @@ REPO = Path(__file__).resolve().parents[1]
 NEEDS = ("torch", "triton", "transformers", "numpy")
 CUDA_TEST = REPO / "tests/engine/test_attention_cuda.py"
 _T0 = time.perf_counter()
+# Each part's own time bound (seconds); together the wrapper's 480 s. The correctness part runs
+# eight small runs per backend; decode, 8 timed rounds per batch size.
+BUDGET_S = dict(correctness=120, ceilings=30, model_8b=90, decode=120, prefill=40, cuda_tests=80)
 
 
 def log(msg: str) -> None:
@@ -62,16 +75,58 @@ def versions() -> dict[str, Any]:
     return out
 
 
-def run_part(results: dict[str, Any], name: str, fn: Any, out_dir: Path) -> Any:
-    """fn()'s result into results[name]; an exception becomes {"error", "traceback"}, not a crash."""
-    log(f"{name}: start")
+class PartTimeout(BaseException):
+    """A part ran past its own budget (--budget); the parts after it still run. A BaseException, as
+    KeyboardInterrupt, so that the `except Exception` of a library (or of a part's own fallbacks)
+    cannot swallow it."""
+
+
+@contextlib.contextmanager
+def deadline(seconds: float) -> Iterator[None]:
+    """PartTimeout in the main thread after `seconds`, by SIGALRM, and again every second after
+    that until the part ends. Python code stops at once; a call into C (a kernel launch, a
+    synchronize) first returns, so the wrapper's overall bound stays."""
+
+    def expire(signum: int, frame: Any) -> None:
+        raise PartTimeout(f"ran past its {seconds:g} s budget")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds, 1.0)
     try:
-        results[name] = fn()
-    except Exception as exc:  # noqa: BLE001 - later parts still run, the JSON says what broke
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def run_part(results: dict[str, Any], name: str, fn: Any, out_dir: Path, budget_s: float,
+             partial: list[Any] | None = None) -> Any:  # fmt: skip
+    """fn()'s result into results[name], within budget_s; an exception or the budget's end becomes
+    {"error", "traceback"} (with what `partial` collected so far under "rows"), not a crash."""
+    log(f"{name}: start (budget {budget_s:g} s)")
+    try:
+        with deadline(budget_s):
+            results[name] = fn()
+    except (Exception, PartTimeout) as exc:  # noqa: BLE001 - later parts still run, the JSON says what broke
         results[name] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
+        if isinstance(exc, PartTimeout):
+            results[name]["timed_out"] = True
+        if partial:
+            results[name]["rows"] = partial
         log(f"{name}: FAILED {results[name]['error']}")
     write(results, out_dir)
     return results[name]
+
+
+def budgets(given: list[str]) -> dict[str, float]:
+    """BUDGET_S with the --budget PART=SECONDS overrides."""
+    out = dict(BUDGET_S)
+    for item in given:
+        part, _, seconds = item.partition("=")
+        if part not in out:
+            raise SystemExit(f"--budget {item}: parts are {', '.join(out)}")
+        out[part] = float(seconds)
+    return out
 
 
 def skip(results: dict[str, Any], part: str, why: str) -> None:
@@ -112,11 +167,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decode-steps", type=int, default=10, help="timed steps per round")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of graphs on / off, median taken")
     ap.add_argument("--prefill", default="8x2048", help="PROMPTS x LENGTH in one step")
-    ap.add_argument("--test-timeout", type=int, default=120)
+    ap.add_argument(
+        "--budget", action="append", default=[], metavar="PART=SECONDS",
+        help=f"a part's own time bound, repeatable (defaults {BUDGET_S})",
+    )  # fmt: skip
     ap.add_argument(
         "--smoke-speed", action="store_true", help="without CUDA: (b), (c) on a tiny model (tests)"
     )
     args = ap.parse_args(argv)
+    args.budget = budgets(args.budget)
     cuda = torch.cuda.is_available()
     # Triton reads TRITON_INTERPRET when a kernel is defined, so before any engine import: the
     # interpreter on CPU, never on a GPU (where an inherited TRITON_INTERPRET=1 would time numpy).
@@ -145,16 +204,16 @@ def main(argv: list[str] | None = None) -> int:
     else:  # on CPU Triton's interpreter is slow: short prompts, ~1 min
         shape = gpu_correctness.SmallShape() if cuda else gpu_correctness.SmallShape(max_prompt_len=64)
     device = torch.device("cuda" if cuda else "cpu")
-    run_part(
-        results, "correctness", lambda: gpu_correctness.run(shape, device, ["triton", "torch"], log), args.out
-    )
+    correctness = lambda: gpu_correctness.run(shape, device, ["triton", "torch"], log)  # noqa: E731
+    run_part(results, "correctness", correctness, args.out, args.budget["correctness"])
     if cuda or args.smoke_speed:
         speed(args, results, "cuda" if cuda else "cpu")
     else:
         for part in ("ceilings", "model_8b", "decode", "prefill"):
             skip(results, part, "no CUDA device: decode and prefill speed need a GPU")
     if cuda:
-        run_part(results, "cuda_tests", lambda: cuda_tests(args.test_timeout), args.out)
+        budget = args.budget["cuda_tests"]
+        run_part(results, "cuda_tests", lambda: cuda_tests(int(budget) - 5), args.out, budget)
     else:
         skip(results, "cuda_tests", "no CUDA device")
     write(results, args.out)
@@ -173,7 +232,8 @@ def speed(args: argparse.Namespace, results: dict[str, Any], device: str) -> Non
     smoke = device == "cpu"
     results["smoke_speed"] = smoke
     sizes = dict(copy_gib=0.01, matmul_n=128) if smoke else {}
-    ceil = run_part(results, "ceilings", lambda: gpu_speed.ceilings(device, **sizes), args.out)
+    ceilings = functools.partial(gpu_speed.ceilings, device, **sizes)
+    ceil = run_part(results, "ceilings", ceilings, args.out, args.budget["ceilings"])
     batches = [int(b) for b in args.decode_batches.split(",")]
     n, length = (int(x) for x in args.prefill.split("x"))
     shape = gpu_speed.SMOKE_SHAPE if smoke else gpu_speed.LLAMA3_8B
@@ -181,20 +241,34 @@ def speed(args: argparse.Namespace, results: dict[str, Any], device: str) -> Non
 
     def build() -> dict[str, Any]:
         blocks = n * -(-length // gpu_speed.BLOCK_SIZE)
-        holder["runner"], info = gpu_speed.build_8b(
-            max(batches), args.context, tuple(batches), blocks, shape, device
-        )
-        log(f"model: {info['params'] / 1e9:.2f} B params {info['param_dtypes']}, {info['kv_cache']}")
+        make = functools.partial(gpu_speed.build_8b, max(batches), args.context, min_blocks=blocks,
+                                 shape=shape, device=device)  # fmt: skip
+        try:
+            holder["runner"], info = make(tuple(batches))
+        except Exception as exc:  # noqa: BLE001 - eager step times are still worth having
+            log(f"model: building with CUDA graphs failed ({type(exc).__name__}: {exc}); again without")
+            gc.collect()
+            if device == "cuda":
+                torch.cuda.empty_cache()
+            holder["runner"], info = make(())
+            info["graphs_missing"] = f"building the runner with graphs failed: {type(exc).__name__}: {exc}"
+        log(f"model: {info['params'] / 1e9:.2f} B params {info['param_dtypes']}, {info['kv_cache']}, "
+            f"graphs {info['graph_sizes'] or info['graphs_missing']}")  # fmt: skip
         return info
 
-    info = run_part(results, "model_8b", build, args.out)
+    info = run_part(results, "model_8b", build, args.out, args.budget["model_8b"])
     if "error" in info or "error" in ceil:
         return
     runner = holder.pop("runner")
     steps, rounds = args.decode_steps, args.rounds
-    decode = lambda: gpu_speed.decode(runner, info, ceil, batches, args.context, steps, rounds, log)  # noqa: E731
-    run_part(results, "decode", decode, args.out)
-    run_part(results, "prefill", lambda: gpu_speed.prefill(runner, info, ceil, n, length, 5, log), args.out)
+    rows: list[dict[str, Any]] = []
+    on_row = lambda: write({**results, "decode": rows}, args.out)  # noqa: E731 - a cut keeps its rows
+    decode = functools.partial(
+        gpu_speed.decode, runner, info, ceil, batches, args.context, steps, rounds, log, rows, on_row
+    )
+    run_part(results, "decode", decode, args.out, args.budget["decode"], partial=rows)
+    prefill = functools.partial(gpu_speed.prefill, runner, info, ceil, n, length, 5, log)
+    run_part(results, "prefill", prefill, args.out, args.budget["prefill"])
 
 
 if __name__ == "__main__":

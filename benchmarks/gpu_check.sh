@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The prepared GPU check of issue #18 (python -m benchmarks.gpu_check): correctness of the CUDA path against
-# Hugging Face, decode and prefill speed against the ceilings it measures. At most 8 minutes.
+# Hugging Face, decode and prefill speed against the ceilings it measures. At most 8 minutes: each
+# part has its own bound inside that (gpu_check.py's BUDGET_S, --budget PART=SECONDS).
 #
 #   bash benchmarks/gpu_check.sh [python -m benchmarks.gpu_check options]
 #

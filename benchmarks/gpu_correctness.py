@@ -163,14 +163,40 @@ def compare_to_reference(
 
 
 def same_tokens(a: list[Greedy], b: list[Greedy]) -> dict[str, Any]:
-    """The engine against itself: tokens must be equal; the logits' largest difference (over the
-    steps whose prefixes agree) says how far apart the two were."""
+    """The engine against itself, exactly: whether the tokens are equal, how many agree (until each
+    prompt's paths part), and the logits' largest difference over the steps whose prefixes agree."""
     seen = compare_to_reference(a, b, float("inf"))
     differing = sorted({d["prompt"] for d in seen["divergences"]})
     return {
         "equal": not differing,
         "prompts_differing": differing,
+        "tokens_equal": seen["tokens_equal"],
+        "tokens_total": seen["tokens_total"],
         "max_abs_logit_diff": seen["max_abs_logit_diff"],
+    }
+
+
+def judged_like_hf(
+    ref: list[Greedy],
+    a: list[Greedy],
+    b: list[Greedy],
+    tolerance: float,
+    truth: list[torch.Tensor] | None,
+) -> dict[str, Any]:
+    """Two runs of the engine over other batch compositions (prompts alone vs together, graphs on
+    vs off): b passes as a run against Hugging Face does (logits within tolerance, partings only
+    at near-ties), since in bf16 a row's rounding may follow its batch (cuBLAS picks other kernels
+    for 1 and 8 rows, graphs pad the batch, decode splits follow it); exact equality with a is
+    reported, not required. In fp32 the tolerance is tight enough that this still catches a wrong
+    row."""
+    exact = same_tokens(a, b)
+    judged = compare_to_reference(ref, b, tolerance, truth)
+    return {
+        **exact,
+        "vs_hf_tokens_equal": judged["tokens_equal"],
+        "vs_hf_max_abs_logit_diff": judged["max_abs_logit_diff"],
+        "vs_hf_divergences": judged["divergences"],
+        "passed": judged["passed"],
     }
 
 
@@ -194,7 +220,7 @@ def check_backend(
         "vs_hf": compare_to_reference(ref, together, tolerance, truth),
     }
     alone = [engine_greedy(runner, [p], shape.new_tokens, seed=i)[0] for i, p in enumerate(prompts)]
-    result["alone_vs_together"] = same_tokens(together, alone)
+    result["alone_vs_together"] = judged_like_hf(ref, together, alone, tolerance, truth)
     graphs = runner.graphs
     if graphs is None:
         why = "no CUDA device" if device.type != "cuda" else f"{runner.attention.name} captures no graphs"
@@ -208,16 +234,15 @@ def check_backend(
             ]
         finally:
             runner.graphs = graphs
-        batched, single = same_tokens(together, eager), same_tokens(alone, eager_alone)
-        result["graphs_on_vs_off"] = {
-            "equal": batched["equal"] and single["equal"],
-            "prompts_differing": sorted(set(batched["prompts_differing"]) | set(single["prompts_differing"])),
-            "max_abs_logit_diff": max(batched["max_abs_logit_diff"], single["max_abs_logit_diff"]),
-        }
+        # Graphs on vs off for the batch of all prompts, and for each prompt alone (batch 1).
+        both = None if truth is None else truth + truth
+        result["graphs_on_vs_off"] = judged_like_hf(
+            ref + ref, together + alone, eager + eager_alone, tolerance, both
+        )
     result["passed"] = (
         result["vs_hf"]["passed"]
-        and result["alone_vs_together"]["equal"]
-        and result["graphs_on_vs_off"].get("equal", True)
+        and result["alone_vs_together"]["passed"]
+        and result["graphs_on_vs_off"].get("passed", True)
     )
     return result
 
@@ -279,9 +304,12 @@ def run(shape: SmallShape, device: torch.device, backends: list[str], log: Any,
 
 
 def _brief(r: dict[str, Any]) -> str:
-    v = r["vs_hf"]
+    v, pairs = r["vs_hf"], []
+    for name in ("alone_vs_together", "graphs_on_vs_off"):
+        o = r[name]
+        seen = "skipped" if "skipped" in o else f"passed {o['passed']}, equal {o['equal']}"
+        pairs.append(f"{name}: {seen}")
     return (
         f"vs HF {v['prompts_token_identical']}/{v['prompts']} prompts identical, max |dlogit| "
-        f"{v['max_abs_logit_diff']:.3g} (tol {v['logit_tolerance']:.3g}); alone vs together equal "
-        f"{r['alone_vs_together']['equal']}; graphs {r['graphs_on_vs_off']}"
+        f"{v['max_abs_logit_diff']:.3g} (tol {v['logit_tolerance']:.3g}); " + "; ".join(pairs)
     )

@@ -10,7 +10,11 @@ as --smoke-speed (a tiny model, for the tests).
   step = weights (every parameter, the embedding table included, as issue #18 counts them: 16.06
   GB) + KV bytes per token x (context + 1) x batch; the roofline step time is that over the
   measured bandwidth. A step is the engine's whole `execute` (metadata, forward, lm_head). CUDA
-  graphs on, and off (runner.graphs = None) in the same runner.
+  graphs on, and off (runner.graphs = None) in the same runner; when no graphs were captured (a
+  failed capture leaves the runner eager) the eager step times are still measured, and the graphs'
+  entry gives the capture's logged reason. Host syncs per step of each mode are counted on CUDA
+  with torch.cuda.set_sync_debug_mode("warn") over a few untimed steps (one warning per sync,
+  with the Python line that made it).
 - Prefill: `prompts` x `prompt_len` tokens in one execute. FLOPs = 2 x linear weights x tokens
   + 2 x vocab x hidden x rows that sample (the lm_head runs for the last row of each prompt only)
   + attention 4 x layers x heads x head_dim x sum over rows of the keys each row sees (causal:
@@ -19,12 +23,16 @@ as --smoke-speed (a tiny model, for the tests).
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import functools
 import gc
+import logging
 import random
 import statistics
 import time
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -138,7 +146,8 @@ def build_8b(
         max_batch_size=max_batch,
         cuda_graphs=graphs,
     )
-    runner = ModelRunner(hf, engine_config)
+    with _warnings_of("conveyor.engine.attention.cuda") as capture_warnings:
+        runner = ModelRunner(hf, engine_config)
     del hf
     gc.collect()
     if device == "cuda":
@@ -152,6 +161,7 @@ def build_8b(
         "kv_bytes_per_token": 2 * m.num_layers * m.num_kv_heads * m.head_dim * m.embed.element_size(),
         "attention": runner.attention.name,
         "graph_sizes": list(runner.graphs.sizes) if runner.graphs else [],
+        "graphs_missing": None if runner.graphs else _why_no_graphs(device, graphs, capture_warnings),
         "kv_cache": runner.kv_cache_summary(),
         "linear_params": sum(
             w.numel()
@@ -160,6 +170,27 @@ def build_8b(
         ),
     }
     return runner, info
+
+
+@contextlib.contextmanager
+def _warnings_of(name: str) -> Iterator[list[str]]:
+    """The messages logger `name` warns with inside the block (a failed graph capture says why)."""
+    seen: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger(name).addHandler(handler)
+    try:
+        yield seen
+    finally:
+        logging.getLogger(name).removeHandler(handler)
+
+
+def _why_no_graphs(device: str, sizes: tuple[int, ...], warned: list[str]) -> str:
+    if device != "cuda":
+        return "no CUDA device: no graphs to capture"
+    if not sizes:
+        return "no graph sizes asked for"
+    return "; ".join(warned) or "CUDA graph capture failed (see gpu_check.log)"
 
 
 def _sequences(runner: ModelRunner, n: int, length: int, seed: int) -> list[Sequence]:
@@ -175,6 +206,28 @@ def _sequences(runner: ModelRunner, n: int, length: int, seed: int) -> list[Sequ
     return seqs
 
 
+def host_syncs(step: Callable[[], object], steps: int = 3) -> dict[str, Any]:
+    """Host syncs per step, counted on CUDA by torch's sync debug mode ("warn": one warning per
+    synchronizing call, attributed to the Python line that made it), and the lines that made them."""
+    if not torch.cuda.is_available():
+        return {"host_syncs_per_step": None, "host_syncs_why": "CUDA only (torch.cuda.set_sync_debug_mode)"}
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for _ in range(steps):
+                step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in seen if "synchroniz" in str(w.message)]
+    where = collections.Counter(f"{w.filename}:{w.lineno}" for w in syncs)
+    return {
+        "host_syncs_per_step": len(syncs) / steps,
+        "host_sync_lines": {line: n / steps for line, n in where.most_common()},
+    }
+
+
 def decode(
     runner: ModelRunner,
     info: dict[str, Any],
@@ -184,21 +237,33 @@ def decode(
     steps: int,
     rounds: int,
     log: Callable[[str], None],
+    rows: list[dict[str, Any]] | None = None,
+    on_row: Callable[[], None] = lambda: None,
 ) -> list[dict[str, Any]]:
-    rows = []
+    """One row per batch size, appended to `rows` as it is measured (on_row after each, so a part
+    cut short keeps its rows). Graphs and eager in the same runner; without graphs (none captured:
+    a failed capture, or CPU) the eager figures still come, and the graphs' entry says why not. A
+    mode that fails at one batch records its error and the other mode still runs."""
+    rows = [] if rows is None else rows
     graphs = runner.graphs
+    modes = ["graphs", "eager"] if graphs is not None else ["eager"]
     for batch in batches:
         seqs = _sequences(runner, batch, context + 1, seed=batch)
         chunks = [ScheduledChunk(s, context, 1) for s in seqs]
         step = functools.partial(runner.execute, chunks)
         kv_bytes = info["kv_bytes_per_token"] * (context + 1) * batch
         roof_s = (info["weight_bytes"] + kv_bytes) / ceil["bandwidth_bytes_per_s"]
-        times: dict[str, list[float]] = {"graphs": [], "eager": []}
+        times: dict[str, list[float]] = {mode: [] for mode in modes}
+        errors: dict[str, str] = {}
         for _ in range(rounds):  # on and off interleaved, so drift hits both alike
-            for mode in times:
+            for mode in modes:
+                if mode in errors:
+                    continue
                 runner.graphs = graphs if mode == "graphs" else None
                 try:
                     times[mode].append(timed(step, reps=steps))
+                except Exception as exc:  # noqa: BLE001 - the other mode's figures still count
+                    errors[mode] = f"{type(exc).__name__}: {exc}"
                 finally:
                     runner.graphs = graphs
         row: dict[str, Any] = {
@@ -208,22 +273,43 @@ def decode(
             "roofline_step_s": roof_s,
             "roofline_tokens_per_s": batch / roof_s,
         }
-        for mode, ts in times.items():
-            s = statistics.median(ts)
+        if graphs is None:
+            row["graphs"] = {"skipped": info.get("graphs_missing", "no CUDA graphs captured")}
+        for mode in modes:
+            if mode in errors:
+                row[mode] = {"error": errors[mode]}
+                continue
+            runner.graphs = graphs if mode == "graphs" else None
+            try:
+                syncs = host_syncs(step)
+            except Exception as exc:  # noqa: BLE001 - the step times stand without the count
+                syncs = {"host_syncs_per_step": None, "host_syncs_why": f"{type(exc).__name__}: {exc}"}
+            finally:
+                runner.graphs = graphs
+            s = statistics.median(times[mode])
             row[mode] = {
                 "step_s": s,
-                "step_s_all": ts,
+                "step_s_all": times[mode],
                 "tokens_per_s": batch / s,
                 "roofline_share": roof_s / s,
+                **syncs,
             }
-        g, e = row["graphs"], row["eager"]
-        log(
-            f"decode batch {batch}: graphs {g['tokens_per_s']:,.0f} tok/s ({g['roofline_share']:.0%} of "
-            f"roofline), eager {e['tokens_per_s']:,.0f} tok/s ({e['roofline_share']:.0%}); roofline "
-            f"{row['roofline_tokens_per_s']:,.0f} tok/s"
-        )
+        briefs = [_mode_brief(mode, row[mode]) for mode in ("graphs", "eager")]
+        log(f"decode batch {batch}: {'; '.join(briefs)}; roofline {row['roofline_tokens_per_s']:,.0f} tok/s")
         rows.append(row)
+        on_row()
     return rows
+
+
+def _mode_brief(mode: str, m: dict[str, Any]) -> str:
+    if "step_s" not in m:
+        return f"{mode} {m.get('skipped') or m.get('error')}"
+    syncs = m["host_syncs_per_step"]
+    return (
+        f"{mode} {m['tokens_per_s']:,.0f} tok/s ({m['roofline_share']:.0%} of roofline"
+        + ("" if syncs is None else f", {syncs:g} host syncs/step")
+        + ")"
+    )
 
 
 def prefill_flops(info: dict[str, Any], m: Any, prompts: int, length: int) -> float:

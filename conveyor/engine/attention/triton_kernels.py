@@ -8,11 +8,15 @@ tile is loaded once for the whole group. Scores are fp32 with an online softmax 
 - Prefill: a program takes a tile of BLOCK_Q query positions of one chunk (x the group's heads =
   BLOCK_M rows) and walks the keys from the window's start to the tile's causal end. Causal is
   aligned bottom-right: a chunk's rows also see the cached context before them.
-- Decode: one query row per sequence; the context is cut into splits (at most MAX_SPLITS, at
-  least SPLIT_MIN keys each) that run as separate programs, then a reduce kernel merges them. A
-  sequence's splits depend on its own context length only, so its output does not depend on the
-  rest of the batch; the grid depends on the block table's width only, so a captured CUDA graph
-  replays for any context that fits.
+- Decode: one query row per sequence. Splits only where the rows alone leave the device idle: the
+  grid's splits per row (decode_splits) fill one program per SM at most, so a small batch cuts each
+  context into splits (at least SPLIT_MIN keys each, at most MAX_SPLITS) run as separate programs
+  and merged by a reduce kernel, while a batch whose rows x KV heads already cover the SMs runs one
+  program per row and KV head, with no partials and no reduce. A row uses the grid's splits its
+  own context needs and no more: a split past them stores nothing, and a row of one split stores
+  its result directly. A row's splits thus follow its own context and the batch's size (as
+  cuBLAS's kernel choice does), never its neighbours' contents; the grid follows the batch size and
+  the block table's width only, so a captured CUDA graph replays for any context that fits.
 
 Runs on CUDA, and on CPU under Triton's interpreter (TRITON_INTERPRET=1, set before triton is
 imported), which the tests use.
@@ -132,22 +136,26 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, table_ptr, table_stride, q_sta
 
 
 @triton.jit
+def _row_splits(ctx, window, SPLIT_MIN: tl.constexpr, GRID_SPLITS: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """A decode row's first key and its splits: as many as its keys need, up to the grid's."""
+    first = 0
+    if HAS_WINDOW:
+        first = tl.maximum(ctx - window, 0)
+    return first, tl.minimum(tl.cdiv(ctx - first, SPLIT_MIN), GRID_SPLITS)
+
+
+@triton.jit
 def _decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_ptr, ml_ptr, table_ptr, table_stride, ctx_ptr,
                    scale_log2, window,
                    NUM_HEADS: tl.constexpr, NUM_KV: tl.constexpr, GROUP: tl.constexpr,
                    HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_MIN: tl.constexpr,
-                   MAX_SPLITS: tl.constexpr, GRID_SPLITS: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                   PRECISION: tl.constexpr):  # fmt: skip
+                   GRID_SPLITS: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
     seq, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ctx = tl.load(ctx_ptr + seq)
-    first = 0
-    if HAS_WINDOW:
-        first = tl.maximum(ctx - window, 0)
-    span = ctx - first
-    splits = tl.minimum(tl.cdiv(span, SPLIT_MIN), MAX_SPLITS)
-    size = tl.cdiv(tl.cdiv(span, splits), BLOCK_N) * BLOCK_N
-    lo = first + split * size
+    first, splits = _row_splits(ctx, window, SPLIT_MIN, GRID_SPLITS, HAS_WINDOW)
+    size = tl.cdiv(tl.cdiv(ctx - first, splits), BLOCK_N) * BLOCK_N
+    lo = first + split * size  # past the row's own splits: lo >= ctx, no keys
     hi = tl.minimum(lo + size, ctx)
 
     g = tl.arange(0, BLOCK_G)
@@ -168,35 +176,41 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_ptr, ml_ptr, table_ptr, ta
         see = g_ok[:, None] & n_ok[None, :]
         m_i, l_i, acc = _attend_tile(q, k_ptr, v_ptr, table_row, n, n_ok, see, m_i, l_i, acc, d, d_ok,
                                      kvh, scale_log2, BLOCK_SIZE, NUM_KV, HEAD_DIM, PRECISION)
-    mask = g_ok[:, None] & d_ok[None, :]
-    if GRID_SPLITS == 1:  # one split: normalise and store, no reduce kernel
-        acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        tl.store(out_ptr + q_off, acc.to(out_ptr.dtype.element_ty), mask=mask)
-    else:  # partials [seq, head, split, ...]: an empty split stores m = -inf, l = 0
+    # Which heads store: all of the group or none, the condition folded into the heads' bound
+    # (Triton's interpreter cannot mask a block with a scalar). A row of one split normalises and
+    # stores its result here, for the reduce kernel to skip.
+    whole = g < tl.where((splits == 1) & (split == 0), GROUP, 0)
+    done = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    tl.store(out_ptr + q_off, done.to(out_ptr.dtype.element_ty), mask=whole[:, None] & d_ok[None, :])
+    if GRID_SPLITS > 1:  # partials [seq, head, split, ...] of the row's own splits only
+        mine = g < tl.where((splits > 1) & (split < splits), GROUP, 0)
         part = (seq.to(tl.int64) * NUM_HEADS + head) * GRID_SPLITS + split
-        tl.store(part_ptr + part[:, None] * HEAD_DIM + d[None, :], acc, mask=mask)
-        tl.store(ml_ptr + part * 2, m_i, mask=g_ok)
-        tl.store(ml_ptr + part * 2 + 1, l_i, mask=g_ok)
+        tl.store(part_ptr + part[:, None] * HEAD_DIM + d[None, :], acc, mask=mine[:, None] & d_ok[None, :])
+        tl.store(ml_ptr + part * 2, m_i, mask=mine)
+        tl.store(ml_ptr + part * 2 + 1, l_i, mask=mine)
 
 
 @triton.jit
-def _reduce_kernel(out_ptr, part_ptr, ml_ptr, NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                   HEAD_PAD: tl.constexpr, GRID_SPLITS: tl.constexpr, SPLIT_PAD: tl.constexpr):  # fmt: skip
+def _reduce_kernel(out_ptr, part_ptr, ml_ptr, ctx_ptr, window, NUM_HEADS: tl.constexpr,
+                   HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, SPLIT_MIN: tl.constexpr,
+                   GRID_SPLITS: tl.constexpr, SPLIT_PAD: tl.constexpr, HAS_WINDOW: tl.constexpr):  # fmt: skip
     seq, head = tl.program_id(0), tl.program_id(1)
+    _, splits = _row_splits(tl.load(ctx_ptr + seq), window, SPLIT_MIN, GRID_SPLITS, HAS_WINDOW)
     s = tl.arange(0, SPLIT_PAD)
-    s_ok = s < GRID_SPLITS
+    s_ok = s < splits  # the row's own splits: the others wrote nothing
+    many = splits > 1  # else the decode kernel stored the row's result itself: nothing to merge
     part = (seq.to(tl.int64) * NUM_HEADS + head) * GRID_SPLITS + s
     m = tl.load(ml_ptr + part * 2, mask=s_ok, other=float("-inf"))
     l_s = tl.load(ml_ptr + part * 2 + 1, mask=s_ok, other=0.0)
-    top = tl.max(m, 0)  # finite: the first split always holds the query's own key
+    top = tl.where(many, tl.max(m, 0), 0.0)  # finite: the first split always holds the query's own key
     weight = tl.math.exp2(m - top)
     d = tl.arange(0, HEAD_PAD)
     d_ok = d < HEAD_DIM
     acc = tl.load(part_ptr + part[:, None] * HEAD_DIM + d[None, :], mask=s_ok[:, None] & d_ok[None, :],
                   other=0.0)
-    merged = tl.sum(acc * weight[:, None], 0) / tl.sum(l_s * weight, 0)
+    merged = tl.sum(acc * weight[:, None], 0) / tl.where(many, tl.sum(l_s * weight, 0), 1.0)
     out_off = (seq.to(tl.int64) * NUM_HEADS + head) * HEAD_DIM + d
-    tl.store(out_ptr + out_off, merged.to(out_ptr.dtype.element_ty), mask=d_ok)
+    tl.store(out_ptr + out_off, merged.to(out_ptr.dtype.element_ty), mask=d < tl.where(many, HEAD_DIM, 0))
 
 
 def prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
@@ -218,33 +232,52 @@ def prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: 
     )  # fmt: skip
 
 
-def decode_splits(width: int, block_size: int, split_min: int = SPLIT_MIN) -> int:
-    """Split programs per sequence for a block table `width` blocks wide."""
-    return min(MAX_SPLITS, triton.cdiv(width * block_size, split_min))
+def decode_splits(programs: int, sms: int, width: int, block_size: int, split_min: int = SPLIT_MIN) -> int:
+    """The grid's splits per row, for `programs` = rows x KV heads: as many as keep the grid within
+    one program per SM (1 once the rows fill the SMs), as the widest context (a block table `width`
+    blocks wide) needs, at most MAX_SPLITS."""
+    fill = max(1, sms // programs)
+    return min(MAX_SPLITS, fill, triton.cdiv(width * block_size, split_min))
+
+
+def sm_count(device: torch.device) -> int:
+    """The device's SMs; off CUDA (Triton's interpreter, for tests) an H100's 132."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132
+
+
+def partials(seqs: int, heads: int, splits: int, head_dim: int,
+             device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The split programs' fp32 partial outputs and their (max, sum) pairs; only a row's own
+    splits write theirs."""
+    part = torch.empty((seqs, heads, splits, head_dim), dtype=torch.float32, device=device)
+    return part, torch.empty((seqs, heads, splits, 2), dtype=torch.float32, device=device)
 
 
 def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
            block_table: torch.Tensor, context_lens: torch.Tensor, scale: float, window: int | None,
-           split_min: int = SPLIT_MIN) -> None:  # fmt: skip
-    """One query row per sequence: q/out [seqs, heads, head_dim]."""
+           sms: int, split_min: int = SPLIT_MIN) -> None:  # fmt: skip
+    """One query row per sequence: q/out [seqs, heads, head_dim]; sms: the device's SM count
+    (sm_count), which sets how many splits fill it."""
     seqs, heads, head_dim = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
     group = heads // kv_heads
-    splits = decode_splits(block_table.shape[1], block_size, split_min)
+    splits = decode_splits(seqs * kv_heads, sms, block_table.shape[1], block_size, split_min)
     part = ml = out  # unused with one split
     if splits > 1:
-        part = torch.empty((seqs, heads, splits, head_dim), dtype=torch.float32, device=q.device)
-        ml = torch.empty((seqs, heads, splits, 2), dtype=torch.float32, device=q.device)
+        part, ml = partials(seqs, heads, splits, head_dim, q.device)
     _decode_kernel[(seqs, kv_heads, splits)](
         q, k_cache, v_cache, out, part, ml, block_table, block_table.stride(0), context_lens,
         scale * LOG2E, window or 0,
         NUM_HEADS=heads, NUM_KV=kv_heads, GROUP=group, HEAD_DIM=head_dim, HEAD_PAD=_pad(head_dim),
         BLOCK_SIZE=block_size, BLOCK_G=_pad(group), BLOCK_N=BLOCK_N, SPLIT_MIN=split_min,
-        MAX_SPLITS=MAX_SPLITS, GRID_SPLITS=splits, HAS_WINDOW=window is not None,
-        PRECISION=_precision(q.dtype), num_warps=4, num_stages=2,
+        GRID_SPLITS=splits, HAS_WINDOW=window is not None, PRECISION=_precision(q.dtype),
+        num_warps=4, num_stages=2,
     )  # fmt: skip
     if splits > 1:
         _reduce_kernel[(seqs, heads)](
-            out, part, ml, NUM_HEADS=heads, HEAD_DIM=head_dim, HEAD_PAD=_pad(head_dim),
-            GRID_SPLITS=splits, SPLIT_PAD=triton.next_power_of_2(splits), num_warps=1,
+            out, part, ml, context_lens, window or 0, NUM_HEADS=heads, HEAD_DIM=head_dim,
+            HEAD_PAD=_pad(head_dim), SPLIT_MIN=split_min, GRID_SPLITS=splits,
+            SPLIT_PAD=triton.next_power_of_2(splits), HAS_WINDOW=window is not None, num_warps=1,
         )  # fmt: skip

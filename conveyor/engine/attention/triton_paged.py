@@ -42,13 +42,16 @@ class TritonAttention:
     name = "triton"
     supports_graphs = True
 
-    def __init__(self, geometry: AttentionGeometry, split_min: int | None = None) -> None:
+    def __init__(
+        self, geometry: AttentionGeometry, split_min: int | None = None, sms: int | None = None
+    ) -> None:
         import conveyor.engine.attention.triton_kernels as triton_kernels
 
         self.g = geometry
         self.kernels = triton_kernels
         self.group = geometry.num_heads // geometry.num_kv_heads
         self.split_min = split_min or triton_kernels.SPLIT_MIN  # tests lower it to get many splits
+        self.sms = sms or triton_kernels.sm_count(geometry.device)  # how many splits fill the device
 
     def cache_shape(self) -> tuple[int, ...]:
         return cuda_layout(self.g)
@@ -86,7 +89,7 @@ class TritonAttention:
         n = meta.num_decode
         if n:
             self.kernels.decode(q[:n], k_cache, v_cache, out[:n], meta.block_table[:n],
-                                meta.context_lens[:n], g.scale, window, self.split_min)  # fmt: skip
+                                meta.context_lens[:n], g.scale, window, self.sms, self.split_min)  # fmt: skip
         if meta.prefill is not None:
             p: _PrefillPlan = meta.prefill
             self.kernels.prefill(q[n:], k_cache, v_cache, out[n:], meta.block_table[n:], p.q_start,
