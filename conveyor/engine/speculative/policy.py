@@ -41,7 +41,9 @@ class DraftState:
     """A sequence's speculation: the longest draft it gets next, and its pause after misses."""
 
     limit: int
-    acceptance: float = 1.0  # moving average of the share of draft tokens accepted; optimistic
+    # Moving average of the share of draft tokens accepted; with no history a half, so that text the
+    # lookup cannot predict pauses after its first miss.
+    acceptance: float = 0.5
     pause: int = 0  # decodes left without a draft
     last_pause: int = 0  # the last pause's length (doubles on the next one)
 
