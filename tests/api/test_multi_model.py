@@ -8,7 +8,6 @@ to the request, and the worker that ran it reports that model in its heartbeat."
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,24 +20,9 @@ from conveyor.launcher.redis_server import EmbeddedRedis
 from conveyor.wire.heartbeat import WorkerInfo
 from conveyor.wire.job import JobSpec, RecordField
 from tests.api.conftest import keys_of, redis_of, until
-from tests.conftest import RunningService, start_service, stop_service
+from tests.conftest import RunningService, start_service, stop_service, write_twin
 
-TWIN_TEMPLATE = ("{% for m in messages %}<<{{ m['role'] }}>> {{ m['content'] }}\n{% endfor %}"
-                 "{% if add_generation_prompt %}<<assistant>>{% endif %}")
 MESSAGES = [{"role": "user", "content": "Name a colour"}]
-
-
-def write_twin(path: Path, tiny_model_dir: Path) -> Path:
-    """The tiny model with the same tokens numbered backwards (the special tokens keep theirs, so
-    BOS/EOS ids hold) and another chat template."""
-    shutil.copytree(tiny_model_dir, path)
-    tokenizer = json.loads((path / "tokenizer.json").read_text())
-    first, vocab = len(tokenizer["added_tokens"]), tokenizer["model"]["vocab"]
-    last = len(vocab) - 1
-    tokenizer["model"]["vocab"] = {t: i if i < first else first + last - i for t, i in vocab.items()}
-    (path / "tokenizer.json").write_text(json.dumps(tokenizer))
-    (path / "chat_template.jinja").write_text(TWIN_TEMPLATE)
-    return path
 
 
 def spawn_worker(service: RunningService, name: str, model: str) -> None:
