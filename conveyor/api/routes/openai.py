@@ -246,7 +246,7 @@ def completion_answer(ctx: ApiContext, spec: JobSpec, body: CompletionRequest,
                       events: list[JobEvent]) -> Completion:
     """The non-streaming answer of a finished completion job (also a batch line's `response.body`)."""
     result = succeeded(events[-1])
-    prompt_text = ctx.models.route(body.model).tokenizer.decode(spec.prompt_ids) if body.echo else ""
+    prompt_text = ctx.models.route(spec.model).tokenizer.decode(spec.prompt_ids) if body.echo else ""
     return Completion(
         **_head("cmpl", spec, ctx),
         choices=[CompletionChoice(
