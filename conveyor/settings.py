@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -76,12 +77,29 @@ class Settings(BaseSettings):
     served_model_name: str | None = Field(
         default=None, description="Model name reported by /info and /v1/models (default: from the model)."
     )
+    models: str | None = Field(
+        default=None,
+        description="More models than `model`, as NAME=PATH pairs, comma-separated (PATH: a model "
+        "directory or .gguf, as for `model`); requests pick one by `model`, each runs on workers started "
+        "with --worker-model NAME. Unset: one model, and requests' `model` is ignored (as TGI does).",
+    )
+    model_aliases: str | None = Field(
+        default=None,
+        description="Other names requests may give in `model`, as ALIAS=NAME pairs, comma-separated "
+        "(NAME: the default model's served name or a NAME of `models`).",
+    )
+    worker_model: str | None = Field(
+        default=None,
+        description="The model a worker runs: a NAME of `models`; unset: the default model (`model`). "
+        "`conveyor serve` sets it for the workers it starts for each of `models`.",
+    )
     model_cache_dir: Path | None = Field(
         default=None, description="Where GGUF models are converted once (default ~/.cache/conveyor/models)."
     )
     host: str = Field(default="127.0.0.1", description="Address the api (and metrics endpoints) bind to.")
     port: int = Field(default=8080, ge=0, le=65535, description="Port the api listens on.")
-    workers: int = Field(default=1, ge=0, le=64, description="Engine workers `conveyor serve` starts.")
+    workers: int = Field(default=1, ge=0, le=64,
+                         description="Engine workers `conveyor serve` starts for each model (see `models`).")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["human", "json"] = Field(
         default="human",
@@ -431,7 +449,38 @@ class Settings(BaseSettings):
                 "or api_keys_file, or allow_unauthenticated=true to serve without authentication"
             )
         self.webhook_retry_delays  # noqa: B018 - raises on a bad schedule
+        extra = self.extra_models  # raises on a bad entry
+        if self.worker_model is not None and self.worker_model not in extra:
+            raise ValueError(f"worker_model {self.worker_model!r} is not a NAME of `models` "
+                             f"({', '.join(extra) or 'none set'}): add {self.worker_model}=PATH "
+                             "to models, or unset worker_model for the default model")
+        self.model_alias_map  # noqa: B018 - raises on a bad alias
         return self
+
+    @property
+    def extra_models(self) -> dict[str, str]:
+        """`models` as NAME → PATH (conveyor/jobqueue/models.py); raises ValueError naming the fix."""
+        out: dict[str, str] = {}
+        for name, path, where in read_string_map(self.models, None, "models", "", ("NAME", "PATH")):
+            check_model_name(name, where)
+            if not path.strip():
+                raise ValueError(f"{where}: model {name!r} has no PATH; give NAME=PATH")
+            if name in out:
+                raise ValueError(f"{where}: model {name!r} is named twice; give each model once")
+            out[name] = path.strip()
+        return out
+
+    @property
+    def model_alias_map(self) -> dict[str, str]:
+        """`model_aliases` as ALIAS → NAME; raises ValueError naming the fix."""
+        out: dict[str, str] = {}
+        for alias, name, where in read_string_map(self.model_aliases, None, "model_aliases", "",
+                                                  ("ALIAS", "NAME")):
+            check_model_name(alias, where)
+            if alias in out or alias in self.extra_models:
+                raise ValueError(f"{where}: {alias!r} already names a model or an alias; pick another alias")
+            out[alias] = name.strip()
+        return out
 
     @property
     def webhook_retry_delays(self) -> list[float]:
@@ -460,6 +509,17 @@ class Settings(BaseSettings):
         for name, value in self.model_dump(exclude_none=True).items():
             env[ENV_PREFIX + name.upper()] = str(value).lower() if isinstance(value, bool) else str(value)
         return env
+
+
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}")
+
+
+def check_model_name(name: str, where: str) -> None:
+    """A model name is part of Redis keys (conveyor/jobqueue/keys.py) and of `A=B,C=D` settings: no
+    braces (hash tags), spaces, commas or `=`."""
+    if not MODEL_NAME.fullmatch(name):
+        raise ValueError(f"{where}: model name {name!r} must be 1-128 letters, digits and ._:/@+- "
+                         "(starting with a letter or digit)")
 
 
 def is_loopback(host: str) -> bool:

@@ -13,6 +13,7 @@ so, in `make test` and alone with `make test-cluster`."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -219,6 +220,25 @@ def write_tiny_llama(path: Path, tokenizer_dir: Path) -> Path:
     for name in TOKENIZER_FILES:
         if (tokenizer_dir / name).exists():
             shutil.copy(tokenizer_dir / name, path / name)
+    return path
+
+
+TWIN_TEMPLATE = ("{% for m in messages %}<<{{ m['role'] }}>> {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<<assistant>>{% endif %}")
+
+
+def write_twin(path: Path, tiny_model_dir: Path) -> Path:
+    """The tiny model with the same tokens numbered backwards (the special tokens keep theirs, so
+    BOS/EOS ids hold) and another chat template."""
+    import shutil
+
+    shutil.copytree(tiny_model_dir, path)
+    tokenizer = json.loads((path / "tokenizer.json").read_text())
+    first, vocab = len(tokenizer["added_tokens"]), tokenizer["model"]["vocab"]
+    last = len(vocab) - 1
+    tokenizer["model"]["vocab"] = {t: i if i < first else first + last - i for t, i in vocab.items()}
+    (path / "tokenizer.json").write_text(json.dumps(tokenizer))
+    (path / "chat_template.jinja").write_text(TWIN_TEMPLATE)
     return path
 
 

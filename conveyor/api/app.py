@@ -21,16 +21,16 @@ from conveyor.api.fleet import live_workers, ready_state
 from conveyor.api.jobpath.relay import Relay
 from conveyor.api.jobpath.store import JobStore
 from conveyor.api.metrics import ApiMetrics, RequestMetrics
+from conveyor.api.models import ModelRoutes, ServedModel
 from conveyor.api.openapi import openapi_schema
 from conveyor.api.redis_pool import api_redis
-from conveyor.api.requests.chat_template import ChatTemplate
-from conveyor.api.requests.tokenizer import PromptTokenizer
 from conveyor.api.routes import admin, console, openai, tgi, tokenize
 from conveyor.api.routes import jobs as job_routes
 from conveyor.api.routes.batches import router as batches_router
 from conveyor.api.routes.files import router as files_router
 from conveyor.api.upload_limit import UploadLimit
 from conveyor.jobqueue.keys import Keys
+from conveyor.jobqueue.models import ModelCatalog
 from conveyor.jobqueue.spread import check_spread
 from conveyor.settings import Settings
 from conveyor.telemetry import prom
@@ -78,7 +78,10 @@ def model_runtime(settings: Settings, workers: list[WorkerInfo]) -> tuple[str, s
     return "auto", settings.device
 
 
-def create_app(settings: Settings, model_dir: Path, model_id: str) -> FastAPI:
+def create_app(settings: Settings, model_dir: Path, model_id: str,
+               catalog: ModelCatalog | None = None) -> FastAPI:
+    """The app serving `model_dir` as `model_id` (the default model) and the other models of
+    `catalog` (conveyor/jobqueue/models.py; None: `model_id` alone)."""
     if not settings.redis_url:
         raise ValueError("the api needs REDIS_URL (`conveyor serve` sets it for you)")
     auth = _auth(settings)
@@ -87,6 +90,7 @@ def create_app(settings: Settings, model_dir: Path, model_id: str) -> FastAPI:
     allow = Allow.parse(settings.webhook_allow)
     metrics = ApiMetrics()
     tracing = Tracing.from_settings(settings, "conveyor-api")
+    catalog = catalog or ModelCatalog(model_id)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -96,16 +100,14 @@ def create_app(settings: Settings, model_dir: Path, model_id: str) -> FastAPI:
         metrics.sse_clients.set_function(lambda: relay.num_clients)
         webhooks = webhook_queue(settings, keys)
         jobs = JobStore(redis, keys, settings, metrics, webhooks, tracing)
-        await jobs.ensure_group()
+        await jobs.ensure_group(catalog.queues)
         await check_spread(redis, keys)
         await relay.start()
         app.state.context = ApiContext(
             settings=settings,
-            tokenizer=PromptTokenizer(model_dir),
             jobs=jobs,
             relay=relay,
-            model_id=model_id,
-            chat_template=ChatTemplate.from_model_dir(model_dir),
+            models=ModelRoutes(catalog, ServedModel.load(model_id, None, model_dir)),
             webhook_secrets=secrets,
             webhook_allow=allow,
         )
@@ -181,12 +183,16 @@ def create_app(settings: Settings, model_dir: Path, model_id: str) -> FastAPI:
         )
 
     @app.get("/queue", tags=["Service"], response_model=QueueDepth,
-             responses={503: {"description": "Redis does not answer"}})
-    async def queue(request: Request) -> QueueDepth:
+             responses={404: {"description": "`model` names no model of this service"},
+                        503: {"description": "Redis does not answer"}})
+    async def queue(request: Request, model: str | None = None) -> QueueDepth:
         """The jobs waiting and running in the whole queue, and the workers they want: what KEDA
         scales the workers on (docs/operations/scaling.md#autoscaling-keda). Unauthenticated, as
-        `/metrics` is: counts only."""
-        waiting, running = await ApiContext.of(request).jobs.queue_depth()
+        `/metrics` is: counts only. `?model=NAME`: that model's queue (docs/operations/multi-model.md);
+        none: the default model's."""
+        ctx = ApiContext.of(request)
+        queue = ctx.models.catalog.queue_of(ctx.models.name_of(model))
+        waiting, running = await ctx.jobs.queue_depth(queue)
         return QueueDepth.of(waiting, running, settings.max_batch_size)
 
     @app.get("/metrics", tags=["Service"], response_class=Response,

@@ -1,5 +1,6 @@
-"""What every route of this api process needs (settings, tokenizer, chat template, job store, relay,
-webhook checks), and the two ways a sync or streaming request waits on its job."""
+"""What every route of this api process needs (settings, models with their tokenizers and chat
+templates, job store, relay, webhook checks), and the two ways a sync or streaming request waits on
+its job."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from fastapi import Request
 from conveyor.api.errors import ApiError, GenerationError
 from conveyor.api.jobpath.relay import Relay
 from conveyor.api.jobpath.store import JobStore
+from conveyor.api.models import ModelRoutes
 from conveyor.api.requests.chat_template import ChatTemplate
 from conveyor.api.requests.tokenizer import PromptTokenizer
 from conveyor.settings import Settings
@@ -43,11 +45,9 @@ async def _disconnected(request: Request) -> None:
 @dataclass
 class ApiContext:
     settings: Settings
-    tokenizer: PromptTokenizer
     jobs: JobStore
     relay: Relay
-    model_id: str
-    chat_template: ChatTemplate | None = None
+    models: ModelRoutes  # which model a request asks for (conveyor/api/models.py)
     webhook_secrets: Secrets = field(default_factory=Secrets)
     webhook_allow: Allow = field(default_factory=Allow)
     api_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])  # this process, in its probe key
@@ -58,6 +58,20 @@ class ApiContext:
         """The context of the app serving the request (set by the app's lifespan)."""
         context: ApiContext = request.app.state.context
         return context
+
+    @property
+    def model_id(self) -> str:
+        """The default model's name: TGI's routes and requests without `model` run it."""
+        return self.models.default.name
+
+    @property
+    def tokenizer(self) -> PromptTokenizer:
+        """The default model's tokenizer (another model's: `models.route(name).tokenizer`)."""
+        return self.models.default.tokenizer
+
+    @property
+    def chat_template(self) -> ChatTemplate | None:
+        return self.models.default.chat_template
 
     def cancel_soon(self, job_id: str) -> None:
         """Cancels the job without awaiting: safe from a task that is itself being cancelled."""

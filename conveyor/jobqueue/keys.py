@@ -4,12 +4,19 @@ Every key shares a prefix. The keys of one job carry the hash tag `{job_id}` so 
 operations of a job stay in one slot and the layout runs on Redis Cluster unchanged. The queue is
 `jobs_shards` × priority bands (conveyor/jobqueue/bands.py), one stream each; the bands of one shard share
 the shard's hash tag (`shard_tag`), so a worker reads a shard's bands in one command or script.
+
+Each model of the deployment has its own queue (docs/operations/multi-model.md): the default model's
+keeps the names it always had (`PREFIX:jobs:{TAG}:...`), another model's lives under
+`PREFIX:model:NAME:jobs:{TAG}:...` (`Keys.for_model`), with the same hash tags, so a shard's
+streams of every model share one slot. Job, worker and tenant keys are the same for every model.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
+import re
 import zlib
 from dataclasses import dataclass
 
@@ -54,6 +61,18 @@ def shard_tag(shard: int, shards: int) -> str:
 class Keys:
     prefix: str = "conveyor"
     jobs_shards: int = 1  # the queue's shards (settings.jobs_shards); every process must agree
+    model: str | None = None  # whose queue: None for the default model (conveyor/jobqueue/models.py)
+
+    def for_model(self, model: str | None) -> Keys:
+        """The same layout with the queue of `model` (None: the default model's)."""
+        return self if model == self.model else dataclasses.replace(self, model=model)
+
+    @property
+    def queue_root(self) -> str:
+        """What every key of this model's queue starts with, before the shard's hash tag."""
+        if self.model is None:
+            return f"{self.prefix}:jobs:"
+        return f"{self.prefix}:model:{self.model}:jobs:"
 
     def jobs_stream(self, shard: int, band: Band) -> str:
         """Stream of the queued jobs of one shard and priority band; consumer group WORKER_GROUP.
@@ -63,8 +82,9 @@ class Keys:
         return f"{self.shard_prefix(shard)}:{band.value}"
 
     def shard_prefix(self, shard: int) -> str:
-        """What every key of one shard of the queue starts with: `PREFIX:jobs:{TAG}`."""
-        return f"{self.prefix}:jobs:{{{shard_tag(shard, self.jobs_shards)}}}"
+        """What every key of one shard of the queue starts with: `PREFIX:jobs:{TAG}` (another model's:
+        `PREFIX:model:NAME:jobs:{TAG}`)."""
+        return f"{self.queue_root}{{{shard_tag(shard, self.jobs_shards)}}}"
 
     def shard_streams(self, shard: int, bands: tuple[Band, ...] = BANDS) -> tuple[str, ...]:
         """A shard's streams, in the order of `bands` (highest first unless told)."""
@@ -112,8 +132,11 @@ class Keys:
     @property
     def sweeper(self) -> str:
         """String: the worker that sweeps the fleet's streams for abandoned jobs (conveyor/worker/lease.py),
-        one at a time; PX of two heartbeats, renewed by its holder at each of its heartbeats."""
-        return f"{self.prefix}:sweeper"
+        one at a time; PX of two heartbeats, renewed by its holder at each of its heartbeats. One per
+        model: a model's abandoned jobs are resumed by a worker of that model."""
+        if self.model is None:
+            return f"{self.prefix}:sweeper"
+        return f"{self.prefix}:model:{self.model}:sweeper"
 
     def prefixes(self, worker_id: str) -> str:
         """String: a worker's prefix-cache summary (conveyor/jobqueue/placement.py); TTL job_lease_ms,
@@ -123,10 +146,11 @@ class Keys:
 
     def untimed(self, key: str) -> bool:
         """A key documented to have no TTL: the fleet keys, the workers' own streams, the owners and the
-        doorbell of the own streams."""
+        doorbell of the own streams, and any key of another model's queue (the same kinds of keys)."""
         own = key.startswith(f"{self.prefix}:jobs:{{jobs-") and (
             ":w:" in key or key.endswith((":owners", ":placed")))
-        return key in self.fleet_keys or own
+        other_model = re.match(rf"{re.escape(self.prefix)}:model:[^{{}}]+:jobs:{{jobs-", key) is not None
+        return key in self.fleet_keys or own or other_model
 
     @property
     def dead_letter_stream(self) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -16,12 +17,23 @@ log = logging.getLogger("conveyor")
 API_SHUTDOWN_S = 5
 
 
-def _model(settings: Settings):  # type: ignore[no-untyped-def]
+def _model(settings: Settings, path: str | None = None):  # type: ignore[no-untyped-def]
+    """The default model, or the model at `path` (one of `models`)."""
     from conveyor.engine.loader import ModelError, resolve_model
 
     try:
-        return resolve_model(settings.model, settings.model_cache_dir)
+        return resolve_model(path or settings.model, settings.model_cache_dir)
     except ModelError as exc:
+        raise SystemExit(f"conveyor: {exc}") from None
+
+
+def catalog(settings: Settings, default: str):  # type: ignore[no-untyped-def]
+    """The deployment's models (conveyor/jobqueue/models.py), or exit naming the setting to fix."""
+    from conveyor.jobqueue.models import ModelCatalog
+
+    try:
+        return ModelCatalog.from_settings(settings, default)
+    except ValueError as exc:
         raise SystemExit(f"conveyor: {exc}") from None
 
 
@@ -33,8 +45,13 @@ def run_api(settings: Settings) -> int:
     if not settings.redis_url:
         raise SystemExit("conveyor api: set REDIS_URL (or use `conveyor serve`, which starts Redis)")
     source = _model(settings)
+    models = catalog(settings, settings.served_model_name or source.model_id)
+    # Each other model as a directory now (a .gguf converted once): the api loads its tokenizer
+    # and chat template from there on the first request for it.
+    models = dataclasses.replace(models, paths={name: str(_model(settings, path).path)
+                                                for name, path in models.paths.items()})
     try:
-        app = create_app(settings, source.path, settings.served_model_name or source.model_id)
+        app = create_app(settings, source.path, models.default, models)
     except ValueError as exc:  # e.g. an unreadable api_keys_file
         raise SystemExit(f"conveyor api: {exc}") from None
     # log_config=None: uvicorn's lines go through our handler (human or JSON, like every other line).
@@ -121,7 +138,8 @@ def run_worker(settings: Settings, worker_id: str | None) -> int:
         raise SystemExit("conveyor worker: set REDIS_URL (or use `conveyor serve`, which starts Redis)")
     worker_id = worker_id or new_worker_id()
     bind(worker_id=worker_id)
-    source = _model(settings)
+    # worker_model: one of `models` (its name and path), else the default model.
+    source = _model(settings, settings.extra_models.get(settings.worker_model or ""))
     # Not on this thread: the engine thread steps it (conveyor/engine/off_main.py says why that costs ~20 %).
     engine = build_off_main(lambda: build_engine(settings, source.path))
     tracing = Tracing.from_settings(settings, "conveyor-worker")

@@ -1,8 +1,9 @@
 """`conveyor serve`: the whole service on one machine, supervised.
 
-Order: model (converted once, with progress) → Redis (embedded unless REDIS_URL) → workers,
-webhook processes (`conveyor webhooks`: RQ workers with the scheduler), api. Worker i serves its
-metrics on worker_metrics_port + i, webhook process i on webhook_metrics_port + i. A child that
+Order: models (converted once, with progress) → Redis (embedded unless REDIS_URL) → workers
+(`workers` for each model, docs/operations/multi-model.md), webhook processes (`conveyor webhooks`:
+RQ workers with the scheduler), api. Worker i serves its metrics on worker_metrics_port + i (the
+default model's first), webhook process i on webhook_metrics_port + i. A child that
 dies is restarted with backoff while the others keep serving (supervisor.py); Ctrl-C, SIGTERM or a
 child in a crash loop stops them all (SIGTERM, then SIGKILL once the workers' drain timeout and a
 grace period have passed); the embedded Redis stops last, so nothing is orphaned.
@@ -54,6 +55,24 @@ def _port(base: int, i: int) -> str:
     return str(base + i if base else 0)
 
 
+def _resolve_models(settings: Settings) -> Settings:
+    """The settings with each of `models` as a model directory (a .gguf converted once, here, before
+    any child starts), checked against the default model's name."""
+    from conveyor.engine.loader import ModelError, resolve_model
+    from conveyor.launcher.roles import catalog
+
+    catalog(settings, settings.served_model_name or "")  # exits naming the setting to fix
+    paths = {}
+    for name, path in settings.extra_models.items():
+        try:
+            paths[name] = str(resolve_model(path, settings.model_cache_dir).path)
+        except ModelError as exc:
+            raise SystemExit(f"conveyor: models entry {name}: {exc}") from None
+    if not paths:
+        return settings
+    return settings.model_copy(update={"models": ",".join(f"{n}={p}" for n, p in paths.items())})
+
+
 def serve(settings: Settings) -> int:
     from conveyor.engine.loader import ModelError, resolve_model
 
@@ -64,6 +83,7 @@ def serve(settings: Settings) -> int:
     settings = settings.model_copy(
         update={"model": str(source.path), "served_model_name": settings.served_model_name or source.model_id}
     )
+    settings = _resolve_models(settings)
     redis: EmbeddedRedis | None = None
     if not settings.redis_url:
         redis = EmbeddedRedis(Path(settings.data_dir) / "redis").start()
@@ -82,9 +102,15 @@ def serve(settings: Settings) -> int:
     exe = [sys.executable, "-m", "conveyor"]
     code = 0
     try:
-        for i in range(settings.workers):
-            supervisor.start(f"worker-{i}", [*exe, "worker"],
-                             CONVEYOR_WORKER_METRICS_PORT=_port(settings.worker_metrics_port, i))
+        # `workers` workers for each model: the default model's first, then each of `models`,
+        # their metrics ports one after the other.
+        for m, name in enumerate([None, *settings.extra_models]):
+            for i in range(settings.workers):
+                n = m * settings.workers + i
+                label = f"worker-{i}" if name is None else f"worker-{name}-{i}"
+                model = {"CONVEYOR_WORKER_MODEL": name} if name else {}
+                supervisor.start(label, [*exe, "worker"],
+                                 CONVEYOR_WORKER_METRICS_PORT=_port(settings.worker_metrics_port, n), **model)
         for i in range(settings.webhook_workers):
             supervisor.start(f"webhooks-{i}", [*exe, "webhooks"],
                              CONVEYOR_WEBHOOK_METRICS_PORT=_port(settings.webhook_metrics_port, i))

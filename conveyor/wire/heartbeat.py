@@ -37,7 +37,8 @@ class WorkerInfo(BaseModel):
     id: str
     pid: int
     host: str
-    model: str
+    model: str  # the model's served name: what requests give in `model`
+    aliases: list[str] = []  # other names requests may give for it (model_aliases)
     device: str
     dtype: str
     kv_blocks: int

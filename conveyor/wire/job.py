@@ -86,6 +86,9 @@ class JobSpec(BaseModel):
     # `best_of`, >= n; None: n). Each is a sequence of the one engine request; the result has them all.
     n: int = Field(default=1, ge=1)
     best_of: int | None = Field(default=None, ge=1)
+    # The model's queue (conveyor/jobqueue/models.py): None for the default model, so a one-model
+    # deployment's specs are written exactly as before.
+    model: str | None = None
 
     @property
     def width(self) -> int:

@@ -37,7 +37,8 @@ class _Sampling(_NullIsAbsent):
 
     model_config = ConfigDict(extra="ignore")
 
-    model: str | None = Field(default=None, description="Ignored: the server's model answers (as in TGI).")
+    model: str | None = Field(default=None, description="The model to run, where several are configured "
+                              "(docs/operations/multi-model.md); unset: the default; ignored with one.")
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0, description="0: greedy.")
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)

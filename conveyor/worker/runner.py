@@ -61,11 +61,14 @@ class Worker:
     def __init__(self, settings: Settings, engine: Engine, redis: Redis, worker_id: str | None = None,
                  model_name: str = "", tracing: Tracing | None = None) -> None:
         self.settings = settings
-        self.keys = Keys(settings.key_prefix, settings.jobs_shards)
+        # Only its model's queue (conveyor/jobqueue/models.py): None, the default model's, unless
+        # started with worker_model. Reading, affinity, sweeping and resuming all stay within it.
+        self.keys = Keys(settings.key_prefix, settings.jobs_shards, settings.worker_model)
         self.redis = redis
         self.worker_id = worker_id or new_worker_id()
         self.engine = engine
-        self.model_name = model_name
+        self.model_name = settings.worker_model or model_name
+        self.aliases = sorted(a for a, name in settings.model_alias_map.items() if name == self.model_name)
         self.scripts = Scripts(redis)
         self.owned = Owned()
         self.metrics = WorkerMetrics(self._stats, lambda: len(self.owned), engine.config.block_size)
@@ -128,8 +131,8 @@ class Worker:
                            self.settings.heartbeat_interval_ms / 1000, self.affinity)
         await self.lease.beat(self.info())
         await self.affinity.beat(self._thread, self.settings.heartbeat_interval_ms / 1000)
-        log.info("worker %s reading %d jobs stream(s) (%d shard(s) × bands)", self.worker_id,
-                 len(self.keys.jobs_streams), self.keys.jobs_shards)
+        log.info("worker %s of model %s reading %d jobs stream(s) (%d shard(s) × bands)", self.worker_id,
+                 self.model_name or "(default)", len(self.keys.jobs_streams), self.keys.jobs_shards)
         read = asyncio.create_task(self._guard("read", reader.run), name="read")
         others = [
             asyncio.create_task(publisher.run(), name="publish"),
@@ -209,6 +212,7 @@ class Worker:
         runner = self.engine.runner
         return WorkerInfo(
             id=self.worker_id, pid=os.getpid(), host=socket.gethostname(), model=self.model_name,
+            aliases=self.aliases,
             device=str(getattr(runner, "device", "cpu")),
             dtype=_dtype(runner),
             kv_blocks=self.engine.block_manager.num_blocks, block_size=self.engine.config.block_size,

@@ -69,9 +69,13 @@ def line_job(ctx: ApiContext, line: BatchLine, tenant: str) -> JobSpec | LineErr
         return LineError(custom_id=line.custom_id, code="invalid_request",
                          message="`stream` is not supported in a batch: remove it")
     try:
+        served = ctx.models.route(request.model)  # each line's own model: one file may mix them
         if isinstance(request, ChatCompletionRequest):
-            return chat_job(ctx.settings, ctx.tokenizer, ctx.chat_template, request, tenant)
-        return completion_job(ctx.settings, ctx.tokenizer, request, tenant)
+            spec = chat_job(ctx.settings, served.tokenizer, served.chat_template, request, tenant)
+        else:
+            spec = completion_job(ctx.settings, served.tokenizer, request, tenant)
+        spec.model = served.queue
+        return spec
     except ApiError as exc:
         return LineError(custom_id=line.custom_id, code=exc.code or "invalid_request", message=exc.message,
                          status_code=exc.status_code, body=exc.openai_body())

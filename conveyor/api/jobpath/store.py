@@ -69,7 +69,8 @@ class JobStore:
         self.tracing = tracing
         self.tenants = TenantIndex(redis, keys, settings)
         self.admission = Admission(redis, keys, settings)
-        self.placement = Placement(redis, keys, settings)
+        self.placement = Placement(redis, keys, settings)  # the default model's
+        self._placements: dict[str | None, Placement] = {None: self.placement}  # per model's queue
         if settings.submit_replicas and cluster_of(redis):
             raise ValueError("submit_replicas needs one primary with replicas: on Redis Cluster a job's "
                              "writes span nodes, which one WAIT cannot confirm; unset it (or set 0)")
@@ -77,26 +78,38 @@ class JobStore:
         self._reclaim = redis.register_script(RECLAIM.source)
         self._unclaim = redis.register_script(UNCLAIM.source)
 
-    async def ensure_group(self) -> None:
-        """The workers' consumer group, so the queue's lag is measured before a worker starts."""
-        await ensure_group(self.redis, self.keys)
+    async def ensure_group(self, queues: tuple[str | None, ...] = (None,)) -> None:
+        """The workers' consumer group on each model's queue (None: the default model's), so the
+        queue's lag is measured, and a model's jobs wait for its workers, before any starts."""
+        for queue in queues:
+            await ensure_group(self.redis, self.keys.for_model(queue))
 
-    async def queue_depth(self) -> tuple[int, int]:
-        """(queued, running) summed over every place of the queue (conveyor/jobqueue/depth.py)."""
-        places = await self.queue_places()
+    def placement_for(self, queue: str | None) -> Placement:
+        """Prefix-affinity placement on a model's queue: only its own workers' caches count."""
+        placement = self._placements.get(queue)
+        if placement is None:
+            placement = self._placements[queue] = Placement(self.redis, self.keys.for_model(queue),
+                                                            self.settings)
+        return placement
+
+    async def queue_depth(self, queue: str | None = None) -> tuple[int, int]:
+        """(queued, running) summed over every place of a model's queue (None: the default model's;
+        conveyor/jobqueue/depth.py)."""
+        places = await self.queue_places(queue)
         return sum(p.queued for p in places), sum(p.running for p in places)
 
-    async def queue_places(self) -> list[QueuePlace]:
-        """The jobs of each place of the queue: shards × (bands, workers' own streams)."""
-        return await read_depth(self.redis, self.keys)
+    async def queue_places(self, queue: str | None = None) -> list[QueuePlace]:
+        """The jobs of each place of a model's queue: shards × (bands, workers' own streams)."""
+        return await read_depth(self.redis, self.keys.for_model(queue))
 
     def enqueue(self, pipe: Pipeline, spec: JobSpec, payload: str) -> None:
         """Queues the job's entry on its stream: the own stream of the worker holding its prompt's
         prefix (conveyor/api/jobpath/placement.py), else the shared one of its shard (its id's) and band
-        (its priority's)."""
+        (its priority's), of its model's queue (`spec.model`)."""
         fields = {"id": spec.id, "spec": payload}
-        if self.placement.enqueue(pipe, spec, fields) is None:
-            pipe.xadd(self.keys.stream_of(spec.id, spec.priority, self.settings.priority_bands), fields)
+        if self.placement_for(spec.model).enqueue(pipe, spec, fields) is None:
+            keys = self.keys.for_model(spec.model)
+            pipe.xadd(keys.stream_of(spec.id, spec.priority, self.settings.priority_bands), fields)
 
     async def submit(self, spec: JobSpec, idempotency_key: str | None = None,
                      fingerprint: str = "") -> Submitted:

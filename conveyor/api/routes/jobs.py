@@ -49,11 +49,15 @@ def urls(job_id: str) -> JobUrls:
 def _spec(ctx: ApiContext, body: GenerateJob | ChatJob | CompletionJob, tenant: str) -> JobSpec:
     s = ctx
     if isinstance(body, ChatJob):
-        spec = chat_job(s.settings, s.tokenizer, s.chat_template, body, tenant)
+        served = ctx.models.route(body.model)
+        spec = chat_job(s.settings, served.tokenizer, served.chat_template, body, tenant)
     elif isinstance(body, CompletionJob):
-        spec = completion_job(s.settings, s.tokenizer, body, tenant)
-    else:
+        served = ctx.models.route(body.model)
+        spec = completion_job(s.settings, served.tokenizer, body, tenant)
+    else:  # TGI's body names no model: the default one
+        served = ctx.models.default
         spec = tgi_job(s.settings, s.tokenizer, s.chat_template, body.inputs, body.parameters, tenant)
+    spec.model = served.queue
     deadline = body.deadline_epoch(spec.created_at)
     if deadline is not None and deadline <= spec.created_at:
         raise ValidationError(f"`deadline` must be in the future (given {deadline:.0f}, now "
@@ -70,7 +74,8 @@ def _check_idempotency_key(key: str | None) -> None:
 
 
 @router.post("", status_code=202, response_model=JobAccepted, responses={
-    **error_responses("openai", 400, 401, 413, 422, 429, 500, 503, notes={500: "Internal error"}),
+    **error_responses("openai", 400, 401, 404, 413, 422, 429, 500, 503, notes={
+        500: "Internal error", 404: "`model` names no model of this service (code model_not_found)"}),
     202: {"description": "Accepted (or, with a known Idempotency-Key, the earlier job: header "
                          "Idempotent-Replayed: true)"}})
 async def submit(

@@ -15,8 +15,10 @@ from starlette.background import BackgroundTask
 from conveyor.api.auth import tenant
 from conveyor.api.body_text import unicode_body
 from conveyor.api.context import ApiContext
-from conveyor.api.errors import ApiError, NotFound
+from conveyor.api.errors import ApiError
+from conveyor.api.fleet import live_workers
 from conveyor.api.jobpath.fanout import collect_all, follow_all, submit_all
+from conveyor.api.models import ModelNotFound
 from conveyor.api.openapi import BODY_ERRORS, error_responses, event_stream
 from conveyor.api.requests import tools as tool_calls
 from conveyor.api.requests.choices import best, events_of
@@ -50,7 +52,8 @@ from conveyor.wire.openai import (
 
 router = APIRouter(prefix="/v1", tags=["OpenAI"], dependencies=[Depends(unicode_body)])
 
-ERRORS = error_responses("openai", *BODY_ERRORS)
+ERRORS = error_responses("openai", *BODY_ERRORS, 404,
+                         notes={404: "`model` names no model of this service (code model_not_found)"})
 FINGERPRINT = "conveyor"
 
 
@@ -67,7 +70,8 @@ def error_event(error: ApiError) -> str:
 
 
 def _head(prefix: str, spec: JobSpec, ctx: ApiContext) -> dict[str, Any]:
-    return {"id": f"{prefix}-{spec.id}", "created": int(spec.created_at), "model": ctx.model_id,
+    # spec.model: the queue of the model that ran it, which is that model's name (None: the default)
+    return {"id": f"{prefix}-{spec.id}", "created": int(spec.created_at), "model": spec.model or ctx.model_id,
             "system_fingerprint": FINGERPRINT}
 
 
@@ -151,7 +155,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, tenant
     """Chat completion; `stream: true` streams chunks. A client that disconnects cancels its job."""
     ctx = ApiContext.of(request)
     check_stream_options(body)
-    spec = chat_job(ctx.settings, ctx.tokenizer, ctx.chat_template, body, tenant)
+    served = ctx.models.route(body.model)
+    spec = chat_job(ctx.settings, served.tokenizer, served.chat_template, body, tenant)
+    spec.model = served.queue
     await ctx.jobs.submit(spec)
     common = _head("chatcmpl", spec, ctx)
     if body.stream:
@@ -197,12 +203,15 @@ async def completions(body: CompletionRequest, request: Request, tenant: str = D
     prompt's, streamed chunks interleave, usage is summed. `X-Job-Id` lists the jobs, comma-separated."""
     ctx = ApiContext.of(request)
     check_stream_options(body)
-    specs = completion_jobs(ctx.settings, ctx.tokenizer, body, tenant)
+    served = ctx.models.route(body.model)
+    specs = completion_jobs(ctx.settings, served.tokenizer, body, tenant)
+    for spec in specs:
+        spec.model = served.queue
     await submit_all(ctx, specs)
     job_ids = ",".join(spec.id for spec in specs)
     if body.stream:
         n = body.n
-        echo = {i * n + c: ctx.tokenizer.decode(spec.prompt_ids)
+        echo = {i * n + c: served.tokenizer.decode(spec.prompt_ids)
                 for i, spec in enumerate(specs) for c in range(n)} if body.echo else {}
         offsets = [0] * (len(specs) * n)  # text_offset: where each choice's next text starts
 
@@ -237,7 +246,7 @@ def completion_answer(ctx: ApiContext, spec: JobSpec, body: CompletionRequest,
                       events: list[JobEvent]) -> Completion:
     """The non-streaming answer of a finished completion job (also a batch line's `response.body`)."""
     result = succeeded(events[-1])
-    prompt_text = ctx.tokenizer.decode(spec.prompt_ids) if body.echo else ""
+    prompt_text = ctx.models.route(spec.model).tokenizer.decode(spec.prompt_ids) if body.echo else ""
     return Completion(
         **_head("cmpl", spec, ctx),
         choices=[CompletionChoice(
@@ -250,22 +259,31 @@ def completion_answer(ctx: ApiContext, spec: JobSpec, body: CompletionRequest,
     )
 
 
-def _model(ctx: ApiContext) -> Model:
-    return Model(id=ctx.model_id, created=int(time.time()), max_model_len=ctx.settings.max_total_tokens)
+def _model(ctx: ApiContext, name: str) -> Model:
+    return Model(id=name, created=int(time.time()), max_model_len=ctx.settings.max_total_tokens)
 
 
 @router.get("/models", response_model=ModelList, responses=error_responses("openai", 401))
 async def models(request: Request, _tenant: str = Depends(tenant)) -> ModelList:
-    """The model this service runs."""
-    return ModelList(data=[_model(ApiContext.of(request))])
+    """The models this service runs: the configured ones and their aliases, then any other that a
+    live worker reports (conveyor/jobqueue/models.py)."""
+    ctx = ApiContext.of(request)
+    catalog = ctx.models.catalog
+    if catalog.single:
+        return ModelList(data=[_model(ctx, ctx.model_id)])
+    names = [*catalog.names, *catalog.aliases]
+    workers = await live_workers(ctx)
+    reported = {name for worker in workers for name in (worker.model, *worker.aliases) if name}
+    return ModelList(data=[_model(ctx, name) for name in [*names, *sorted(reported - set(names))]])
 
 
 @router.get("/models/{model_id:path}", response_model=Model,
             responses=error_responses("openai", 401, 404, notes={404: "No such model"}))
 async def model(model_id: str, request: Request, _tenant: str = Depends(tenant)) -> Model:
-    """One model, by id."""
+    """One model, by id (a configured model's name or alias)."""
     ctx = ApiContext.of(request)
-    if model_id != ctx.model_id:
-        raise NotFound(f"model {model_id!r} is not served here; this service runs {ctx.model_id!r}",
-                       param="model")
-    return _model(ctx)
+    if ctx.models.catalog.single and model_id != ctx.model_id:
+        raise ModelNotFound(f"model {model_id!r} is not served here; this service runs {ctx.model_id!r}",
+                            param="model")
+    ctx.models.route(model_id)  # ModelNotFound for a name nobody configured
+    return _model(ctx, model_id)

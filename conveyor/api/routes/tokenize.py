@@ -7,7 +7,8 @@
 - vLLM: `{prompt}` (raw, as `/v1/completions` tokenizes it) or `{messages}` (through the chat
   template, as `/v1/chat/completions`) → `{count, max_model_len, tokens}`; `add_special_tokens`
   false leaves out the tokenizer's own special tokens (a BOS), as vLLM. `/detokenize`: `{tokens}` →
-  `{prompt}` (`vllm bench serve` builds its prompts with both).
+  `{prompt}` (`vllm bench serve` builds its prompts with both). vLLM's bodies may name a `model`
+  (conveyor/api/models.py); TGI's run on the default model.
 
 Nothing is queued: tokenizing needs no worker.
 """
@@ -43,6 +44,7 @@ class TokenizeRequest(BaseModel):
     messages: list[ChatMessage] | None = Field(default=None, min_length=1, description="vLLM: chat messages.")
     add_special_tokens: bool = Field(default=True, description="vLLM: false leaves out the tokenizer's "
                                      "own special tokens (a BOS).")
+    model: str | None = Field(default=None, description="vLLM: whose tokenizer; unset: the default model's.")
 
 
 class SimpleToken(BaseModel):
@@ -72,11 +74,12 @@ async def tokenize(body: TokenizeRequest, request: Request, _tenant: str = Depen
                               f"Given: {', '.join(given) or 'none'}", param="inputs")
     if body.inputs is not None:
         return JSONResponse([t.model_dump() for t in _tgi(ctx, body.inputs, body.parameters)])
+    served = ctx.models.route(body.model)
     if body.prompt is not None:
         text = body.prompt
     else:
-        text = render_chat(ctx.chat_template, [_message(i, m) for i, m in enumerate(body.messages or [])])
-    ids = ctx.tokenizer.encode(text, add_special_tokens=body.add_special_tokens)
+        text = render_chat(served.chat_template, [_message(i, m) for i, m in enumerate(body.messages or [])])
+    ids = served.tokenizer.encode(text, add_special_tokens=body.add_special_tokens)
     answer = VllmTokenizeResponse(count=len(ids), max_model_len=ctx.settings.max_total_tokens, tokens=ids)
     return JSONResponse(answer.model_dump())
 
@@ -85,6 +88,7 @@ class DetokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     tokens: list[int] = Field(description="Token ids.")
+    model: str | None = Field(default=None, description="Whose tokenizer; unset: the default model's.")
 
 
 class DetokenizeResponse(BaseModel):
@@ -96,7 +100,7 @@ class DetokenizeResponse(BaseModel):
 async def detokenize(body: DetokenizeRequest, request: Request,
                      _tenant: str = Depends(tenant)) -> DetokenizeResponse:
     """Token ids back to text (vLLM's route): special tokens are written out."""
-    tokenizer = ApiContext.of(request).tokenizer
+    tokenizer = ApiContext.of(request).models.route(body.model).tokenizer
     bad = [t for t in body.tokens if not 0 <= t < tokenizer.vocab_size]
     if bad:
         raise ValidationError(f"`tokens`: token id {bad[0]} is outside the vocabulary "
