@@ -3,6 +3,7 @@ routes (/health, /ready, /info, /metrics)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -29,6 +30,7 @@ from conveyor.api.routes import jobs as job_routes
 from conveyor.api.routes.batches import router as batches_router
 from conveyor.api.routes.files import router as files_router
 from conveyor.api.upload_limit import UploadLimit
+from conveyor.jobqueue.depth import QueuePlace
 from conveyor.jobqueue.keys import Keys
 from conveyor.jobqueue.models import ModelCatalog
 from conveyor.jobqueue.spread import check_spread
@@ -202,11 +204,14 @@ def create_app(settings: Settings, model_dir: Path, model_id: str,
         """Prometheus metrics of this api process (the workers serve their own: see
         docs/operations/observability.md). While Redis does not answer, the queue gauges are left out
         rather than shown stale."""
-        try:
-            places = await ApiContext.of(request).jobs.queue_places()
+        ctx = ApiContext.of(request)
+        catalog = ctx.models.catalog
+        try:  # every configured model's queue, concurrently: a scrape costs one model's round trips
+            read = await asyncio.gather(*(ctx.jobs.queue_places(catalog.queue_of(n)) for n in catalog.names))
+            by_model: dict[str, list[QueuePlace]] | None = dict(zip(catalog.names, read, strict=True))
         except REDIS_FAULTS:
-            places = None
-        metrics.set_queue(places)
+            by_model = None
+        metrics.set_queue(by_model)
         return Response(prom.render(metrics.registry), media_type=prom.CONTENT_TYPE)
 
     app.openapi = lambda: openapi_schema(app)  # type: ignore[method-assign]

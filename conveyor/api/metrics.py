@@ -4,7 +4,8 @@ The api knows requests: how many generation requests came in (`tgi_request_count
 `/v1/jobs`), which it refused before a job existed (`tgi_request_failure{err=validation|unauthorized|
 overloaded|unavailable}`, the last while Redis does not answer) or ended in the queue
 (`{err=cancelled|expired}`), how long each HTTP request took, the fleet's queue (read from Redis at
-scrape time) and its own relay (clients, lag). What happens to a job once a worker has it is the
+scrape time, each configured model's: `model` takes only the configured names, so its series stay
+bounded) and its own relay (clients, lag). What happens to a job once a worker has it is the
 worker's to count (conveyor/worker/metrics.py).
 """
 
@@ -42,12 +43,12 @@ class ApiMetrics:
         self.http_duration = Histogram("conveyor_http_request_duration_seconds", "Seconds from a generation "
                                        "request's arrival to the last byte of its answer", ["route"],
                                        buckets=SECONDS, registry=r)
-        self.jobs = Gauge("conveyor_jobs", "Jobs in the fleet's queue by status (queued: not yet read by a "
-                          "worker; running: read, not yet acknowledged)", ["status"], registry=r)
-        self.queue = Gauge("conveyor_queue_jobs", "Jobs in each place of the fleet's queue by status: a "
+        self.jobs = Gauge("conveyor_jobs", "Jobs in each model's queue by status (queued: not yet read by a "
+                          "worker; running: read, not yet acknowledged)", ["model", "status"], registry=r)
+        self.queue = Gauge("conveyor_queue_jobs", "Jobs in each place of each model's queue by status: a "
                            "shard's priority band, or its workers' own streams (band=own); conveyor_jobs "
-                           "is their sum",
-                           ["shard", "band", "status"], registry=r)
+                           "is their sum per model",
+                           ["model", "shard", "band", "status"], registry=r)
         self.finished = Counter("conveyor_jobs_finished", "Jobs the api ended in the queue, by status",
                                 ["status"], registry=r)
         self.sse_clients = Gauge("conveyor_sse_clients", "Clients following a job's events through this "
@@ -65,17 +66,19 @@ class ApiMetrics:
         self.batch_lines = Counter("conveyor_batch_lines", "Batch lines reported, by outcome (completed, "
                                    "failed, expired, cancelled)", ["outcome"], registry=r)
 
-    def set_queue(self, places: list[QueuePlace] | None) -> None:
-        """The queue's gauges from a scrape's reading, per stream and summed; none when unknown."""
+    def set_queue(self, by_model: dict[str, list[QueuePlace]] | None) -> None:
+        """The queue's gauges from a scrape's reading (model name → its places), per stream and summed
+        per model; none when unknown. Cleared first: a stream or worker gone leaves no stale series."""
         self.jobs.clear()
         self.queue.clear()
-        if places is None:
+        if by_model is None:
             return
-        self.jobs.labels("queued").set(sum(p.queued for p in places))
-        self.jobs.labels("running").set(sum(p.running for p in places))
-        for p in places:
-            self.queue.labels(str(p.shard), p.band, "queued").set(p.queued)
-            self.queue.labels(str(p.shard), p.band, "running").set(p.running)
+        for model, places in by_model.items():
+            self.jobs.labels(model, "queued").set(sum(p.queued for p in places))
+            self.jobs.labels(model, "running").set(sum(p.running for p in places))
+            for p in places:
+                self.queue.labels(model, str(p.shard), p.band, "queued").set(p.queued)
+                self.queue.labels(model, str(p.shard), p.band, "running").set(p.running)
 
     def ended_in_queue(self, status: JobStatus) -> None:
         self.finished.labels(status.value).inc()
