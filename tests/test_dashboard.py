@@ -19,7 +19,7 @@ DASHBOARD = Path(__file__).resolve().parents[1] / "deploy" / "grafana" / "convey
 def exported() -> set[str]:
     stats = EngineLoad(blocks_free=8)
     names: set[str] = set()
-    for registry in (ApiMetrics().registry, WorkerMetrics(lambda: stats, lambda: 0, 16).registry,
+    for registry in (ApiMetrics().registry, WorkerMetrics(lambda: stats, lambda: 0, 16, "m").registry,
                      DeliveryMetrics().registry):
         for line in render(registry).decode().splitlines():
             if line.startswith("# TYPE "):

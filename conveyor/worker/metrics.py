@@ -4,14 +4,15 @@ A worker knows what the api cannot: each job's queue wait, inference time and to
 request histograms, observed when a job's final record is written — like TGI, on success), every
 engine step's duration (`tgi_batch_inference_duration{method}`: a step that prefills anything is a
 `prefill` step), and its batch and KV cache (read from the engine thread's stats at scrape time, so
-a scrape costs the engine nothing).
+a scrape costs the engine nothing). `conveyor_worker_info{model}` names the model it runs (one per
+process), so a query can group any worker metric by model (`* on(instance) group_left(model)`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Histogram, Info
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -71,8 +72,12 @@ class _Engine(Collector):
 
 
 class WorkerMetrics:
-    def __init__(self, stats: Callable[[], EngineLoad], jobs: Callable[[], int], block_size: int) -> None:
+    def __init__(self, stats: Callable[[], EngineLoad], jobs: Callable[[], int], block_size: int,
+                 model: str) -> None:
         r = self.registry = new_registry()
+        # An info metric, not a label on every series: a worker runs one model for its whole life.
+        info = Info("conveyor_worker", "The model this worker runs (its served name)", registry=r)
+        info.info({"model": model})
         self.success = Counter("tgi_request_success", "Jobs that succeeded", registry=r)
         self.failure = Counter("tgi_request_failure", "Jobs that ended otherwise (err: generation = "
                                "failed, cancelled, expired)", ["err"], registry=r)

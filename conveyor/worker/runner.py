@@ -71,7 +71,8 @@ class Worker:
         self.aliases = sorted(a for a, name in settings.model_alias_map.items() if name == self.model_name)
         self.scripts = Scripts(redis)
         self.owned = Owned()
-        self.metrics = WorkerMetrics(self._stats, lambda: len(self.owned), engine.config.block_size)
+        self.metrics = WorkerMetrics(self._stats, lambda: len(self.owned), engine.config.block_size,
+                                     self.model_name)
         self.webhooks = webhook_queue(settings, self.keys)
         self.observer = Observer(self.worker_id, self.metrics, self.webhooks, tracing)
         self.publisher = Publisher(redis, self.keys, self.worker_id, self.scripts, settings.result_ttl,

@@ -72,6 +72,13 @@ def expected_ids(model_dir: Path, messages: list[dict] | None = None, prompt: st
     return PromptTokenizer(model_dir).encode(text)
 
 
+def samples(url: str) -> dict[str, float]:
+    """A /metrics page as {series: value}."""
+    text = httpx.get(url + "/metrics", timeout=30).text
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line and not line.startswith("#")}
+
+
 def job_of(service: RunningService, job_id: str) -> tuple[JobSpec, WorkerInfo | None, dict[str, str]]:
     """The job's spec, the heartbeat of the worker that ran it (None: not taken yet), its record."""
     keys = keys_of(service)
@@ -169,9 +176,21 @@ def test_a_job_for_a_model_without_workers_waits_then_runs(models_service: Runni
     job_id = r.json()["id"]
     assert httpx.get(f"{base}/queue?model=idle", timeout=30).json()["waiting"] == 1
     assert httpx.get(f"{base}/v1/jobs/{job_id}", timeout=30).json()["status"] == "queued"
+    # The api's queue gauges count each configured model's queue, under its name and no other.
+    api = samples(base)
+    assert api['conveyor_jobs{model="idle",status="queued"}'] == 1
+    assert api['conveyor_queue_jobs{band="normal",model="idle",shard="0",status="queued"}'] == 1
+    labelled = {k.split('model="')[1].split('"')[0] for k in api if k.startswith("conveyor_jobs{")}
+    assert labelled == {"tiny", "twin", "idle"}
     spawn_worker(models_service, "worker2", "idle")
     until(lambda: httpx.get(f"{base}/v1/jobs/{job_id}", timeout=30).json()["status"] == "succeeded",
           "the idle model's job runs once its worker starts", 240)
     spec, worker, _ = job_of(models_service, job_id)
     assert spec.model == "idle" and spec.prompt_ids == expected_ids(dirs["idle"], MESSAGES)
     assert worker is not None and worker.model == "idle"
+
+
+def test_each_worker_names_its_model_in_its_metrics(models_service: RunningService) -> None:
+    for name, model in (("worker0", "tiny"), ("worker1", "twin")):
+        port = models_service.metrics_ports[name]
+        assert samples(f"http://127.0.0.1:{port}")[f'conveyor_worker_info{{model="{model}"}}'] == 1, name
