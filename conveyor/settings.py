@@ -139,6 +139,10 @@ class Settings(BaseSettings):
     max_concurrent_requests_per_tenant: int | None = Field(
         default=None, ge=1, description="Jobs one tenant may have queued or running; unset: no own cap."
     )
+    max_concurrent_requests_per_model: int | None = Field(
+        default=None, ge=1, description="Jobs each model (of `models`, and the default one) may have queued "
+        "or running; unset: no own cap, the models share max_concurrent_requests.",
+    )
     payload_limit: int = Field(
         default=2_000_000, ge=1024, description="Largest request body in bytes; larger: 413."
     )

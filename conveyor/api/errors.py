@@ -82,8 +82,8 @@ class Overloaded(ApiError):
     openai_type = "overloaded"
     code = "overloaded"
 
-    def __init__(self, retry_after: int = 1) -> None:
-        super().__init__("Model is overloaded", headers={"Retry-After": str(retry_after)})
+    def __init__(self, retry_after: int = 1, message: str = "Model is overloaded") -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after)})
 
 
 class Forbidden(ApiError):

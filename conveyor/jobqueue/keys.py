@@ -220,6 +220,11 @@ class Keys:
         """Sorted set: the tenant's jobs not yet seen terminal, by creation time (per-tenant cap)."""
         return f"{self.prefix}:tenant:{tenant}:active"
 
+    def model_active(self, model: str | None) -> str:
+        """Sorted set: a model's jobs not yet seen terminal, by creation time (per-model cap); `model`
+        as in `for_model` (None: the default model's)."""
+        return f"{self.prefix}:model-active" + (f":{model}" if model is not None else "")
+
     @property
     def admitted(self) -> str:
         """Sorted set: the jobs admitted under max_concurrent_requests not yet seen terminal, by

@@ -73,6 +73,22 @@ async def test_the_tenant_cap_holds_and_a_refusal_counts_against_neither_cap(
     assert sum(await submit_all([store], [spec("carol") for _ in range(20)])) == 3
 
 
+async def test_each_model_has_its_own_cap_and_its_refusal_names_it(
+        redis, redis_server: EmbeddedRedis) -> None:  # type: ignore[no-untyped-def]
+    store = JobStore(redis, KEYS, settings(redis_server.url, max_concurrent_requests_per_model=3,
+                                           served_model_name="chat"))
+    small = [spec().model_copy(update={"model": "small"}) for _ in range(20)]
+    assert sum(await submit_all([store], small)) == 3
+    assert await redis.zcard(KEYS.admitted) == 3  # small's 17 refusals took no global place
+    with pytest.raises(Overloaded) as refused:
+        await store.submit(spec().model_copy(update={"model": "small"}))
+    assert "'small'" in refused.value.message and "max_concurrent_requests_per_model" in refused.value.message
+    assert refused.value.headers == {"Retry-After": "1"}
+    assert sum(await submit_all([store], [spec() for _ in range(20)])) == 3  # the default model's own 3
+    with pytest.raises(Overloaded, match="'chat'"):
+        await store.submit(spec())
+
+
 async def test_a_slot_a_dead_request_left_is_reclaimed(redis, redis_server: EmbeddedRedis) -> None:  # type: ignore[no-untyped-def]
     """Admitted, then the request died before writing its job: pruned once WRITE_GRACE_S has passed."""
     admission = Admission(redis, KEYS, settings(redis_server.url))

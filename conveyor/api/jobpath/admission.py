@@ -1,5 +1,7 @@
 """Admission: the caps on jobs queued or running at once, `max_concurrent_requests` over the whole
-service and `max_concurrent_requests_per_tenant`, held exactly under bursts and across api processes.
+service, `max_concurrent_requests_per_tenant` and `max_concurrent_requests_per_model` (each model
+its own set, so one model's burst cannot take every place), held exactly under bursts and across api
+processes.
 
 Each cap is a sorted set of the jobs it admitted, scored by creation time; one script on that one
 key counts and adds atomically (one key per script, so the layout runs on Redis Cluster). Nothing
@@ -27,6 +29,7 @@ from conveyor.wire.job import JobSpec, JobStatus, RecordField
 # A job's keys may still be being written this long after it was created: a member of an admitted
 # set (or an Idempotency-Key's job) without a record counts as gone only past it.
 WRITE_GRACE_S = 10.0
+OVERLOADED = "Model is overloaded"  # TGI's words: clients match on them
 
 
 async def prune_ended(redis: Redis, keys: Keys, key: str) -> int:
@@ -58,17 +61,25 @@ class Admission:
         self._admit = redis.register_script(ADMIT.source)
         self._pruning: dict[str, asyncio.Future[int]] = {}  # one prune of a set at a time per process
 
-    def _caps(self, spec: JobSpec) -> list[tuple[str, int]]:
-        caps = [(self.keys.admitted, self.settings.max_concurrent_requests)]
+    def _caps(self, spec: JobSpec) -> list[tuple[str, int, str]]:
+        """(key, cap, the refusal's message) of each cap the job counts against."""
+        caps = [(self.keys.admitted, self.settings.max_concurrent_requests, OVERLOADED)]
         per_tenant = self.settings.max_concurrent_requests_per_tenant
         if per_tenant is not None:
-            caps.append((self.keys.tenant_active(spec.tenant), per_tenant))
+            caps.append((self.keys.tenant_active(spec.tenant), per_tenant, OVERLOADED))
+        per_model = self.settings.max_concurrent_requests_per_model
+        if per_model is not None:
+            # The default model's jobs carry no `model`; its served name, where the settings give it.
+            name = spec.model or self.settings.served_model_name or "the default model"
+            caps.append((self.keys.model_active(spec.model), per_model,
+                         f"{OVERLOADED}: model {name!r} has {per_model} jobs queued or running "
+                         "(max_concurrent_requests_per_model); retry later or use another model"))
         return caps
 
     async def admit(self, spec: JobSpec) -> None:
         """Counts the job against every cap, or raises Overloaded and counts it against none."""
         taken: list[str] = []
-        for key, cap in self._caps(spec):
+        for key, cap, message in self._caps(spec):
             try:
                 admitted = await self._take(key, cap, spec)
             except BaseException:
@@ -76,12 +87,12 @@ class Admission:
                 raise
             if not admitted:
                 await self._give_back(spec.id, taken)
-                raise Overloaded(retry_after=1)
+                raise Overloaded(retry_after=1, message=message)
             taken.append(key)
 
     async def release(self, spec: JobSpec) -> None:
         """Takes back the job's admission (its write failed): best effort, a prune reclaims it anyway."""
-        await self._give_back(spec.id, [key for key, _ in self._caps(spec)])
+        await self._give_back(spec.id, [key for key, _, _ in self._caps(spec)])
 
     async def _take(self, key: str, cap: int, spec: JobSpec) -> bool:
         args: list[str | float] = [spec.id, spec.created_at, cap, self.settings.result_ttl + INDEX_SLACK_S]
