@@ -1,19 +1,23 @@
 """The console in headless Chromium against a real api and worker: sign in, the overview's live
 worker, a playground request streaming into the page, a job's page streaming its tokens and a cancel
-ending it, tenants kept apart, the dead-letter page for operators only. Each page is saved as a
+ending it, tenants kept apart, the dead-letter page for operators only, and a service of several
+models: each model's queue and workers, and the playground's model picker. Each page is saved as a
 screenshot (under docs/console/, which the README and docs/console.md show, with
 CONVEYOR_UPDATE_SCREENSHOTS=1)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from conveyor.launcher.redis_server import EmbeddedRedis
 from conveyor.wire.heartbeat import WorkerInfo
 from tests.api.conftest import keys_of, redis_of, until
-from tests.conftest import RunningService
+from tests.conftest import RunningService, start_service, stop_service, write_twin
 from tests.console.conftest import SHOTS, dead_letter, job_view, key_of, wait_ended
 
 CSS = "css selector"
@@ -185,6 +189,57 @@ def test_the_dead_letter_page_is_for_operators_only(browser: Any, console_servic
     # The list is drawn again after the notice: wait for it rather than read it mid-redraw.
     until(lambda: not browser.find_elements(CSS, f"[data-entry='{other}'], [data-entry='{entry_id}']"),
           "both entries gone from the page")
+
+
+@pytest.fixture(scope="module")
+def models_console(tmp_path_factory: pytest.TempPathFactory, services_redis: EmbeddedRedis,
+                   tiny_model_dir: Path) -> Iterator[RunningService]:
+    """Three models, no API keys: `tiny` (the default) and `idle` with no worker, `twin` (alias
+    `fast`, another vocabulary) with one."""
+    twin = write_twin(tmp_path_factory.mktemp("twin") / "twin", tiny_model_dir)
+    running = start_service(tmp_path_factory.mktemp("console-models"), services_redis.url, {
+        "CONVEYOR_MODEL": str(tiny_model_dir), "CONVEYOR_SERVED_MODEL_NAME": "tiny",
+        "CONVEYOR_MODELS": f"twin={twin},idle={twin}", "CONVEYOR_MODEL_ALIASES": "fast=twin",
+        "CONVEYOR_KV_CACHE_MEMORY": "16MiB", "CONVEYOR_HEARTBEAT_INTERVAL_MS": "200",
+        "CONVEYOR_JOB_LEASE_MS": "2000", "OMP_NUM_THREADS": "1",
+    }, workers=0)
+    try:
+        running.metrics_ports["worker0"] = 0
+        running.env["CONVEYOR_WORKER_MODEL"] = "twin"
+        running.spawn("worker0")
+        running.wait_ready(1)
+    except BaseException:
+        stop_service(running)
+        raise
+    yield running
+    stop_service(running)
+
+
+def test_the_console_shows_each_model(browser: Any, models_console: RunningService) -> None:
+    base = models_console.base_url
+    waiting = httpx.post(f"{base}/v1/jobs", timeout=30, json={
+        "model": "idle", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+    assert waiting.status_code == 202, waiting.text
+    browser.get(f"{base}/console#/overview")  # no keys: no sign-in
+    row = "[data-testid=model][data-model='{}']".format
+    until(lambda: (text(browser, row("idle")) or "").split("\t") == ["idle", "—", "0", "1", "0"], "idle's job queued")
+    assert text(browser, row("twin")).split("\t") == ["twin", "fast", "1", "0", "0"]
+    assert text(browser, row("tiny")).split("\t") == ["tiny", "—", "0", "0", "0"]
+    assert [w.get_attribute("data-model") for w in browser.find_elements(CSS, "[data-testid=worker]")] == ["twin"]
+    assert text(browser, "[data-testid=queued]") == "1"  # every model's queue together
+
+    go(browser, models_console, "playground")
+    picker = until(lambda: browser.find_elements(CSS, "[data-testid=model]"), "the model picker")[0]
+    options = [o.get_attribute("value") for o in picker.find_elements(CSS, "option")]
+    assert options == ["tiny", "twin", "idle", "fast"]  # GET /v1/models: names, then aliases
+    assert '"model":"tiny"' in text(browser, "[data-testid=curl]")  # the default model first
+    picker.find_element(CSS, "option[value=twin]").click()
+    until(lambda: '"model":"twin"' in text(browser, "[data-testid=curl]"), "the curl line names twin")
+    browser.find_element(CSS, "[data-testid=send]").click()
+    # Only twin has a worker: the request ends only if it went to twin's queue.
+    until(lambda: text(browser, "[data-testid=state]") == "done", "twin's answer")
+    assert int(text(browser, "[data-testid=tokens-count]") or 0) > 0
+    assert httpx.delete(f"{base}/v1/jobs/{waiting.json()['id']}", timeout=30).status_code == 200
 
 
 @pytest.fixture(autouse=True)

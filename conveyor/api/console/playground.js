@@ -1,6 +1,7 @@
 // The playground: a chat message or a raw prompt with the main sampling parameters, streamed token by
-// token from the OpenAI routes, with TTFT and tokens/s, and the same request as a curl line.
-import { h, sse } from "./api.js";
+// token from the OpenAI routes, with TTFT and tokens/s, and the same request as a curl line. With
+// several models (GET /v1/models), a picker names the request's `model`.
+import { h, request as call, sse } from "./api.js";
 
 function number(input) {
   const v = input.value.trim();
@@ -18,6 +19,9 @@ export function curlLine(path, body) {
 }
 
 export async function playground(main, { signal }) {
+  const models = (await call("GET", "/v1/models")).data.map((m) => m.id);
+  if (signal.aborted) return;
+  const model = h("select", { "data-testid": "model" }, models.map((id) => h("option", { value: id }, id)));
   const mode = h("select", { "data-testid": "mode" }, h("option", { value: "chat" }, "chat"),
     h("option", { value: "raw" }, "raw prompt"));
   const system = h("input", { type: "text", placeholder: "(the model's default)", "data-testid": "system" });
@@ -36,7 +40,8 @@ export async function playground(main, { signal }) {
   const curl = h("pre", { class: "curl", "data-testid": "curl" });
   const copy = h("button", { type: "button" }, "Copy");
   const form = h("form", { class: "playground" },
-    h("div", { class: "row" }, field("Mode", mode), field("System prompt (chat)", system)),
+    h("div", { class: "row" }, models.length > 1 ? field("Model", model) : null, field("Mode", mode),
+      field("System prompt (chat)", system)),
     field("Prompt", prompt),
     h("div", { class: "row" }, field("max_tokens", maxTokens), field("temperature", temperature),
       field("top_p", topP), field("top_k", topK), field("seed", seed), field("stop", stop),
@@ -52,15 +57,17 @@ export async function playground(main, { signal }) {
     if (stops.length) params.stop = stops;
     if (ignoreEos.checked) params.ignore_eos = true;
     for (const k of Object.keys(params)) if (params[k] === undefined) delete params[k];
+    const name = models.length > 1 ? model.value : "conveyor"; // one model: `model` is not looked at
     if (mode.value === "chat") {
       const messages = system.value.trim() ? [{ role: "system", content: system.value }] : [];
       messages.push({ role: "user", content: prompt.value });
-      return { path: "/v1/chat/completions", body: { model: "conveyor", messages, ...params } };
+      return { path: "/v1/chat/completions", body: { model: name, messages, ...params } };
     }
-    return { path: "/v1/completions", body: { model: "conveyor", prompt: prompt.value, ...params } };
+    return { path: "/v1/completions", body: { model: name, prompt: prompt.value, ...params } };
   }
   function showCurl() { const r = request(); curl.textContent = curlLine(r.path, r.body); }
   form.addEventListener("input", showCurl);
+  model.addEventListener("change", showCurl);
   showCurl();
   copy.addEventListener("click", async () => {
     try { await navigator.clipboard.writeText(curl.textContent); copy.textContent = "Copied"; }

@@ -17,7 +17,7 @@ function card(label, value, testid) {
 
 function workerRow(w, now) {
   const kv = w.kv_blocks ? Math.round((100 * w.load.blocks_used) / w.kv_blocks) : 0;
-  return h("tr", { "data-testid": "worker", "data-worker": w.id },
+  return h("tr", { "data-testid": "worker", "data-worker": w.id, "data-model": w.model },
     h("td", {}, w.id), h("td", {}, w.host), h("td", {}, w.model),
     h("td", {}, `${w.device} · ${w.dtype}`),
     h("td", {}, `${w.load.running} running, ${w.load.waiting} waiting / ${w.max_batch_size}`),
@@ -26,6 +26,15 @@ function workerRow(w, now) {
     h("td", {}, w.jobs),
     h("td", {}, `${Math.max(0, now - w.heartbeat_at).toFixed(1)} s ago`),
     h("td", {}, w.draining ? badge("draining") : badge("live")));
+}
+
+// Each model's queue and live workers: shown when the service runs more than one model.
+function modelTable(models) {
+  return h("table", {}, h("thead", {}, h("tr", {}, ["model", "aliases", "live workers", "queued", "running"]
+    .map((c) => h("th", {}, c)))),
+  h("tbody", {}, models.map((m) => h("tr", { "data-testid": "model", "data-model": m.name },
+    h("td", {}, m.name), h("td", {}, m.aliases.join(", ") || "—"),
+    h("td", { class: m.workers ? null : "error" }, m.workers), h("td", {}, m.queued), h("td", {}, m.running)))));
 }
 
 function chart(minutes) {
@@ -61,6 +70,7 @@ export async function overview(main, { signal }) {
           card(`failed or expired, last ${o.jobs.window_s / 60} min`, (ended.failed || 0) + (ended.expired || 0), "errors"),
           card("tokens / min (last minute)", last ? last.tokens : 0, "tokens-per-min"),
           o.dead_letters !== null && o.dead_letters !== undefined ? card("dead letters", o.dead_letters, "dead-letters") : null),
+        ...(o.models.length > 1 ? [h("h2", {}, "Models"), modelTable(o.models)] : []),
         h("h2", {}, "Workers"),
         o.workers.length ? h("table", {}, h("thead", {}, h("tr", {}, ["id", "host", "model", "device", "batch",
           "KV cache", "jobs", "last seen", "state"].map((c) => h("th", {}, c)))),

@@ -1,5 +1,6 @@
 """The web console (`/console`): static files from api/console/, and the one JSON view no other route
-gives, `GET /v1/console/overview` — the queue, the workers and the fleet's recent jobs at a glance.
+gives, `GET /v1/console/overview` — the queue, the workers and the fleet's recent jobs at a glance,
+and each configured model's queue and live workers (docs/operations/multi-model.md).
 
 The console is plain HTML, CSS and JS modules served from here (no build step, nothing from a CDN: the
 Content-Security-Policy allows this origin only). It sends the API key the user types as the Bearer
@@ -69,13 +70,20 @@ class Queue(BaseModel):
     running: int = Field(description="Jobs read by a worker and not yet acknowledged.")
 
 
+class ModelQueue(Queue):
+    name: str = Field(description="A configured model's name, as requests give it in `model`.")
+    aliases: list[str] = Field(description="Other names requests may give for it.")
+    workers: int = Field(description="Live workers that run it (their heartbeats' `model`).")
+
+
 class Overview(BaseModel):
     now: float
     tenant: str
     admin: bool = Field(description="The caller may use the operator pages (`admin_tenants`).")
     open: bool = Field(description="No API keys are configured: everyone is tenant `default`.")
-    queue: Queue = Field(description="The queue's depth, as `GET /queue` counts it.")
-    workers: list[WorkerInfo]
+    queue: Queue = Field(description="Every model's queue together (each as `GET /queue?model=NAME` counts it).")
+    models: list[ModelQueue] = Field(description="Each configured model's queue and workers, the default first.")
+    workers: list[WorkerInfo] = Field(description="The live workers, by model then id.")
     jobs: JobCounts
     dead_letters: int | None = Field(default=None, description="Dead-letter entries (operators only).")
 
@@ -142,16 +150,21 @@ async def job_counts(ctx: ApiContext, now: float) -> JobCounts:
 
 @router.get("/v1/console/overview", response_model=Overview, responses=error_responses("openai", 401, 503))
 async def overview(request: Request, caller: str = Depends(tenant)) -> Overview:
-    """What the console's overview shows: the queue's depth (as /metrics computes it), the live workers
-    (their heartbeats), and the jobs of the last minutes (fleet-wide counts, no tenant's data)."""
+    """What the console's overview shows: each model's queue depth (as /metrics computes it), the live
+    workers (their heartbeats), and the jobs of the last minutes (fleet-wide counts, no tenant's data)."""
     ctx = ApiContext.of(request)
     auth: Auth = request.app.state.auth
     admin = is_admin(auth, caller, ctx.settings)
     now = time.time()
-    depth, workers, jobs = await asyncio.gather(ctx.jobs.queue_depth(), live_workers(ctx),
-                                                job_counts(ctx, now))
+    catalog = ctx.models.catalog
+    workers, jobs, *depths = await asyncio.gather(
+        live_workers(ctx), job_counts(ctx, now), *(ctx.jobs.queue_depth(q) for q in catalog.queues))
+    models = [ModelQueue(name=name, aliases=catalog.aliases_of(name), queued=queued, running=running,
+                         workers=sum(w.model == name for w in workers))
+              for name, (queued, running) in zip(catalog.names, depths, strict=True)]
     dead = await ctx.jobs.redis.xlen(ctx.jobs.keys.dead_letter_stream) if admin else None
     return Overview(now=now, tenant=caller, admin=admin, open=auth.open,
-                    queue=Queue(queued=depth[0], running=depth[1]),
-                    workers=sorted(workers, key=lambda w: w.id), jobs=jobs, dead_letters=dead)
+                    queue=Queue(queued=sum(m.queued for m in models), running=sum(m.running for m in models)),
+                    models=models, workers=sorted(workers, key=lambda w: (w.model, w.id)), jobs=jobs,
+                    dead_letters=dead)
 
