@@ -212,6 +212,12 @@ def test_who_gets_a_draft_and_how_its_length_adapts() -> None:
     # the sequences with the longest drafts allowed first.
     many = [decoding(f"m{i}") for i in range(spec.row_budget)]
     assert spec.propose(SchedulerOutput(many)) == [] and not any(c.draft for c in many)
+    # A paused sequence gets no draft beside others, and one alone in its step (its rows are free).
+    paused = [decoding("p0"), decoding("p1")]
+    for chunk in paused:
+        chunk.seq.drafting = DraftState(limit=2, pause=3)
+    assert spec.propose(SchedulerOutput(paused)) == []
+    assert spec.propose(SchedulerOutput(paused[:1])) == paused[:1] and len(paused[0].draft) == 2
     some = [decoding(f"s{i}") for i in range(spec.row_budget - 5)]
     some[0].seq.drafting = DraftState(limit=1)  # its last drafts missed: served last
     assert spec.propose(SchedulerOutput(some)) == [some[1], some[2]]

@@ -8,7 +8,9 @@ GPU) and costs about its share of the GEMMs beyond that. So:
 - per sequence (HF assisted generation's schedule): +2 after a draft taken whole, -1 after a miss;
   while the share of its draft tokens accepted (a moving average) is under `MIN_ACCEPTANCE`, its
   drafts pause for 1, 2, 4 ... up to `MAX_PAUSE` decodes between tries, until the average is back
-  over it: text the lookup cannot predict costs next to nothing;
+  over it: text the lookup cannot predict costs next to nothing. A decode alone in its step drafts
+  even while paused: its few rows are free there (free prose, one stream: 1.05x drafting at 12 %
+  acceptance, 0.96x paused; docs/engine.md);
 - per step: the drafts' rows fit in `row_budget` less the step's decodes, handed out first to the
   sequences whose last drafts were accepted longest (the likeliest to pay), so a large batch
   speculates only where it pays, and one above the budget not at all.

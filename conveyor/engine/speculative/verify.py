@@ -102,7 +102,9 @@ class Speculator:
                 continue
             if seq.drafting is None:
                 seq.drafting = DraftState(self.num_tokens)
-            if not seq.drafting.ready():
+            # Alone, a sequence's draft rows ride free on a forward that reads all the weights anyway
+            # (policy.py): it drafts even while paused.
+            if not seq.drafting.ready() and len(decodes) > 1:
                 continue
             # Never past what the request may still generate: the last token is the bonus one.
             k = min(seq.drafting.limit, seq.stopping.max_new_tokens - seq.num_generated - 1)
