@@ -222,18 +222,29 @@ def test_the_console_shows_each_model(browser: Any, models_console: RunningServi
     assert waiting.status_code == 202, waiting.text
     browser.get(f"{base}/console#/overview")  # no keys: no sign-in
     row = "[data-testid=model][data-model='{}']".format
-    until(lambda: (text(browser, row("idle")) or "").split("\t") == ["idle", "—", "0", "1", "0"], "idle's job queued")
+    until(lambda: (text(browser, row("idle")) or "").split("\t") == ["idle", "—", "0", "1", "0"],
+          "idle's job queued")
     assert text(browser, row("twin")).split("\t") == ["twin", "fast", "1", "0", "0"]
     assert text(browser, row("tiny")).split("\t") == ["tiny", "—", "0", "0", "0"]
-    assert [w.get_attribute("data-model") for w in browser.find_elements(CSS, "[data-testid=worker]")] == ["twin"]
+    workers = browser.find_elements(CSS, "[data-testid=worker]")
+    assert [w.get_attribute("data-model") for w in workers] == ["twin"]
     assert text(browser, "[data-testid=queued]") == "1"  # every model's queue together
 
     go(browser, models_console, "playground")
-    picker = until(lambda: browser.find_elements(CSS, "[data-testid=model]"), "the model picker")[0]
-    options = [o.get_attribute("value") for o in picker.find_elements(CSS, "option")]
-    assert options == ["tiny", "twin", "idle", "fast"]  # GET /v1/models: names, then aliases
+    picker = "select[data-testid=model]"  # the overview's model rows share the test id
+
+    def options() -> list[str] | None:
+        from selenium.common.exceptions import StaleElementReferenceException  # as the browser: lazily
+
+        try:  # the picker is drawn again once /v1/models answers: an element read now may go stale
+            return [o.get_attribute("value") for o in browser.find_elements(CSS, f"{picker} option")]
+        except StaleElementReferenceException:
+            return None
+
+    # GET /v1/models: names, then aliases
+    until(lambda: options() == ["tiny", "twin", "idle", "fast"], "the model picker lists every model")
     assert '"model":"tiny"' in text(browser, "[data-testid=curl]")  # the default model first
-    picker.find_element(CSS, "option[value=twin]").click()
+    browser.find_element(CSS, f"{picker} option[value=twin]").click()
     until(lambda: '"model":"twin"' in text(browser, "[data-testid=curl]"), "the curl line names twin")
     browser.find_element(CSS, "[data-testid=send]").click()
     # Only twin has a worker: the request ends only if it went to twin's queue.

@@ -30,7 +30,8 @@ def test_the_overview_counts_what_the_fleet_did(console_service: RunningService)
     assert len(after["jobs"]["minutes"]) == after["jobs"]["window_s"] // 60
     assert after["queue"] == {"queued": 0, "running": 0}
     [worker] = after["workers"]
-    assert after["models"] == [{"name": worker["model"], "aliases": [], "workers": 1, "queued": 0, "running": 0}]
+    assert after["models"] == [{"name": worker["model"], "aliases": [], "workers": 1, "queued": 0,
+                                "running": 0}]
     assert worker["model"] and worker["kv_blocks"] > 0 and after["now"] - worker["heartbeat_at"] < 30
     assert after["tenant"] == "alice" and after["admin"] and not after["open"]
     assert isinstance(after["dead_letters"], int)

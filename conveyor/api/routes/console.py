@@ -81,8 +81,10 @@ class Overview(BaseModel):
     tenant: str
     admin: bool = Field(description="The caller may use the operator pages (`admin_tenants`).")
     open: bool = Field(description="No API keys are configured: everyone is tenant `default`.")
-    queue: Queue = Field(description="Every model's queue together (each as `GET /queue?model=NAME` counts it).")
-    models: list[ModelQueue] = Field(description="Each configured model's queue and workers, the default first.")
+    queue: Queue = Field(description="Every model's queue together (each as `GET /queue?model=NAME` "
+                                     "counts it).")
+    models: list[ModelQueue] = Field(description="Each configured model's queue and workers, the default "
+                                                 "first.")
     workers: list[WorkerInfo] = Field(description="The live workers, by model then id.")
     jobs: JobCounts
     dead_letters: int | None = Field(default=None, description="Dead-letter entries (operators only).")
