@@ -36,6 +36,7 @@ from conveyor.wire.heartbeat import EngineLoad, WorkerInfo
 from conveyor.worker import faults
 from conveyor.worker.control_loop import ControlLoop
 from conveyor.worker.engine_thread import EngineThread, StepOutput
+from conveyor.worker.hung_tasks import cancel_all
 from conveyor.worker.intake import Intake
 from conveyor.worker.lease import Lease
 from conveyor.worker.lease_loop import LeaseLoop
@@ -51,6 +52,9 @@ from conveyor.worker.queue_reader import READ_BLOCK_MS, QueueReader
 from conveyor.worker.read_loop import ReadLoop
 
 log = logging.getLogger(__name__)
+
+# How long a stopping worker waits for its cancelled loops (they end at their next await).
+CANCEL_GRACE_S = 10.0
 
 
 def new_worker_id() -> str:
@@ -150,9 +154,7 @@ class Worker:
             if self._fatal is None:
                 await self._drain(read)
         finally:
-            for task in (stop, read, *others):
-                task.cancel()
-            await asyncio.gather(stop, read, *others, return_exceptions=True)
+            await cancel_all((stop, read, *others), CANCEL_GRACE_S, f"worker {self.worker_id}")
             await asyncio.to_thread(self.thread.stop)
             if self.webhooks is not None:
                 await asyncio.to_thread(self.webhooks.close)

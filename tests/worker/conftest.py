@@ -6,7 +6,6 @@ CPU, the real code path), the real valkey-server, and jobs submitted exactly as 
 from __future__ import annotations
 
 import asyncio
-import io
 import os
 import signal
 import subprocess
@@ -29,6 +28,7 @@ from conveyor.settings import Settings
 from conveyor.wire.event_batch import events_after, load_events
 from conveyor.wire.heartbeat import WorkerInfo
 from conveyor.wire.job import JobEvent, JobResult, JobSpec, JobStatus, RecordField, SamplingSpec, StoppingSpec
+from conveyor.worker.hung_tasks import awaited_chain
 from tests.readiness import await_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -245,11 +245,9 @@ class Local(Jobs):
             worker.stop()
             done, _ = await asyncio.wait({task}, timeout=60)
             if not done:  # say where it hangs before failing: every task's stack, then cancel it
-                stacks = io.StringIO()
-                for running in asyncio.all_tasks():
-                    running.print_stack(limit=8, file=stacks)
+                stacks = "\n".join(awaited_chain(running) for running in asyncio.all_tasks())
                 task.cancel()
-                raise AssertionError(f"worker {worker_id} did not stop within 60 s: {stacks.getvalue()}")
+                raise AssertionError(f"worker {worker_id} did not stop within 60 s:\n{stacks}")
             task.result()
             await client.aclose()
 
