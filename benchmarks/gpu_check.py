@@ -8,7 +8,8 @@ Parts: (a) correctness (benchmarks/gpu_correctness.py): a small random Llama's g
 ModelRunner against Hugging Face's, for attention triton and torch; the prompts alone and with
 graphs off are judged against HF the same way (in bf16 a row's rounding may follow its batch), their
 exact equality with the batched run only reported; (b) decode (graph and eager step times, host
-syncs per step) and (c) prefill (benchmarks/gpu_speed.py), CUDA only. Without CUDA, (a) runs on CPU
+syncs per step; then the kernel table of one eager step at batch 32, benchmarks/gpu_profile.py) and
+(c) prefill (benchmarks/gpu_speed.py), CUDA only. Without CUDA, (a) runs on CPU
 in fp32 with the Triton kernels under TRITON_INTERPRET=1, and (b), (c) are skipped. Each part has
 its own time bound (BUDGET_S, --budget PART=SECONDS) and fallback: a part that fails or runs past
 its bound records its error (a cut decode part keeps the rows it measured) and the next one runs;
@@ -50,7 +51,7 @@ CUDA_TEST = REPO / "tests/engine/test_attention_cuda.py"
 _T0 = time.perf_counter()
 # Each part's own time bound (seconds); together the wrapper's 480 s. The correctness part runs
 # eight small runs per backend; decode, 8 timed rounds per batch size.
-BUDGET_S = dict(correctness=120, ceilings=30, model_8b=90, decode=120, prefill=40, cuda_tests=80)
+BUDGET_S = dict(correctness=120, ceilings=30, model_8b=90, decode=110, kernels=15, prefill=40, cuda_tests=75)
 
 
 def log(msg: str) -> None:
@@ -209,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     if cuda or args.smoke_speed:
         speed(args, results, "cuda" if cuda else "cpu")
     else:
-        for part in ("ceilings", "model_8b", "decode", "prefill"):
+        for part in ("ceilings", "model_8b", "decode", "kernels", "prefill"):
             skip(results, part, "no CUDA device: decode and prefill speed need a GPU")
     if cuda:
         budget = args.budget["cuda_tests"]
@@ -227,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def speed(args: argparse.Namespace, results: dict[str, Any], device: str) -> None:
     """Parts (b) and (c). device "cpu" only for --smoke-speed: a tiny model, figures meaningless."""
-    from benchmarks import gpu_speed
+    from benchmarks import gpu_profile, gpu_speed
 
     smoke = device == "cpu"
     results["smoke_speed"] = smoke
@@ -267,6 +268,9 @@ def speed(args: argparse.Namespace, results: dict[str, Any], device: str) -> Non
         gpu_speed.decode, runner, info, ceil, batches, args.context, steps, rounds, log, rows, on_row
     )
     run_part(results, "decode", decode, args.out, args.budget["decode"], partial=rows)
+    kernels = functools.partial(gpu_profile.kernel_table, runner, 32 if 32 in batches else max(batches),
+                                args.context, log)  # fmt: skip
+    run_part(results, "kernels", kernels, args.out, args.budget["kernels"])
     prefill = functools.partial(gpu_speed.prefill, runner, info, ceil, n, length, 5, log)
     run_part(results, "prefill", prefill, args.out, args.budget["prefill"])
 

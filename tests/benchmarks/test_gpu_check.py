@@ -96,6 +96,13 @@ def test_smoke_speed_counts_bytes_and_flops_of_the_model(tmp_path: Path) -> None
     md = (tmp_path / "gpu_check.md").read_text()
     assert r["smoke_speed"] is True and "mean nothing" in md
     assert "graphs skipped: no CUDA device" in md and "| (b) decode batch 2, context 41 |" in md
+    # The kernel table of one eager step at the largest batch (32 when measured): CPU operators here.
+    k = r["kernels"]
+    assert (k["batch"], k["context"], k["clock"], k["launches_per_step"]) == (2, 41, "cpu", None)
+    shares = [e["share"] for e in k["kernels"]]
+    assert shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 1 + 1e-9
+    assert any("mm" in e["name"] or "linear" in e["name"] for e in k["kernels"])  # the GEMMs show
+    assert "| (b) kernels, decode batch 2, eager |" in md
 
 
 def test_a_part_past_its_budget_fails_alone(tmp_path: Path) -> None:
