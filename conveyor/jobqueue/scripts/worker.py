@@ -54,7 +54,7 @@ APPEND_FIELDS = ("entry id", "events JSON", "job channel", "first token (0/1)", 
 
 
 def append(publish: PublishCommand) -> Script:
-    """Appends each job's new events (one JSON array, conveyor/wire/event_batch.py) if this worker
+    """Appends each job's new events (one entry, conveyor/wire/event_batch.py) if this worker
     still owns the job — one ownership check per job per call, and one call per step for all the jobs
     whose keys share a node's script (all of them on one node, a slot's on a cluster): XADD (the ID
     follows the batch's last index, so a duplicate is refused) and, only while an api listens to the
