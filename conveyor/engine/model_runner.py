@@ -25,6 +25,7 @@ from conveyor.engine.prompt_logprobs import SLICE_ROWS, score, scored_positions
 from conveyor.engine.staging import to_device
 from conveyor.engine.step_observer import StepObserver
 from conveyor.engine.step_plan import ScheduledChunk
+from conveyor.engine.warm_up import warm_kernels
 
 if TYPE_CHECKING:
     from conveyor.engine.attention.cuda import DecodeGraphs
@@ -124,6 +125,8 @@ class ModelRunner:
         )
         self.observer: StepObserver | None = None  # Engine.observe sets it
         self.graphs: DecodeGraphs | None = None
+        if self.device.type == "cuda":  # Triton compiles at first launch: here, not in a request
+            warm_kernels(self.execute, self.cache.scratch_block, self.block_size, self.device)
         if self.device.type == "cuda" and self.attention.supports_graphs and m.graph_safe:
             from conveyor.engine.attention.cuda import capture_decode_graphs, graph_sizes
 
