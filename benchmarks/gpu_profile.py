@@ -17,8 +17,8 @@ from conveyor.engine.step_plan import ScheduledChunk
 
 def kernel_table(runner: ModelRunner, batch: int, context: int, log: Callable[[str], None],
                  steps: int = 3, top: int = 25) -> dict[str, Any]:
-    """Per step: every kernel's (or, on CPU, operator's) calls and self time, the `top` heaviest, and
-    the totals: device time, kernel launches, and the step's wall time under the profiler."""
+    """Per step: the `top` heaviest kernels (on CPU, operators) with their calls and self time, and
+    the totals: device (CPU) time and, on CUDA, kernel launches."""
     cuda = runner.device.type == "cuda"
     seqs = _sequences(runner, batch, context + 1, seed=batch)
     chunks = [ScheduledChunk(s, context, 1) for s in seqs]

@@ -39,9 +39,8 @@ def dump_events(events: Sequence[JobEvent]) -> str:
 
 def load_events(raw: str | bytes) -> list[JobEvent]:
     """The events of one entry or message, in order."""
-    text = raw.decode() if isinstance(raw, bytes) else raw
-    head = text.lstrip()[:1]
-    if head == "[":
+    text = (raw.decode() if isinstance(raw, bytes) else raw).lstrip()
+    if text.startswith("["):
         return _BATCH.validate_json(text)
     if text.startswith('{"i":'):
         return _load_columns(from_json(text))
@@ -54,8 +53,10 @@ def events_after(entries: Sequence[tuple[str, dict[str, str]]], after: int) -> l
 
 
 def _plain_run(events: Sequence[JobEvent]) -> bool:
-    first = events[0].index if events else 0
-    return bool(events) and all(
+    if not events:
+        return False
+    first = events[0].index
+    return all(
         e.token is not None and e.index == first + n and not e.top_tokens and not e.final
         and e.result is None and e.prompt is None and e.choice == 0 and e.choice_end is None
         and e.at is not None
