@@ -279,6 +279,12 @@ class Settings(BaseSettings):
         "stream entry and one live message for several steps' tokens, as SGLang's --stream-interval); "
         "first tokens and ends never wait. 0: every step's tokens go out at the step's end.",
     )
+    unfollowed_interval_ms: float = Field(
+        default=250, ge=0, le=10000,
+        description="The same wait for jobs no api follows (async jobs nobody streams, Batch lines; never "
+        "shorter than stream_interval_ms): their events go to the event stream this often, so a worker "
+        "that dies loses at most this much computed output. A job gains a follower at its next write.",
+    )
     event_stream_maxlen: int = Field(
         default=16384, ge=16,
         description="Cap of a job's event stream; must exceed max_total_tokens so a job can be resumed.",

@@ -32,6 +32,9 @@ class InFlight:
     # Its final event is written; its entry is being acknowledged, so a lease renewal racing the
     # ack finds it gone from the group's pending entries: ended, not taken over.
     ended: bool = False
+    # An api follows its events (the record's `watched`, as the last APPEND read it): its tokens go
+    # out every stream interval, else every unfollowed interval. Assumed until a write says otherwise.
+    followed: bool = True
 
     @property
     def next_index(self) -> int:

@@ -26,7 +26,7 @@ class PublishLoop:
     def __init__(self, publisher: Publisher, owned: Owned, outputs: asyncio.Queue[StepOutput],
                  room: asyncio.Event, lose: Callable[[InFlight], None], outage_cap: float,
                  on_redis_error: Callable[[BaseException], object] | None = None,
-                 stream_interval_s: float = 0.0) -> None:
+                 stream_interval_s: float = 0.0, unfollowed_interval_s: float = 0.0) -> None:
         self.publisher = publisher
         self.owned = owned
         self.outputs = outputs
@@ -34,7 +34,7 @@ class PublishLoop:
         self.lose = lose
         self.outage_cap = outage_cap
         self.on_redis_error = on_redis_error
-        self.held = Coalescer(stream_interval_s)
+        self.held = Coalescer(stream_interval_s, unfollowed_interval_s)
         self._writing = asyncio.Lock()  # a job's batches are written in order, also by flush()
 
     async def run(self) -> None:

@@ -77,10 +77,12 @@ class Publisher:
         results = await self.scripts.execute(build)
         out = Published()
         finals: list[tuple[InFlight, JobResult]] = []
-        for group, codes in zip(groups, results, strict=True):
-            if isinstance(codes, Exception):
-                raise codes
-            for (job, events), code in zip(group, codes, strict=True):
+        for group, reply in zip(groups, results, strict=True):
+            if isinstance(reply, Exception):
+                raise reply
+            codes, followed = reply
+            for (job, events), code, watched in zip(group, codes, followed, strict=True):
+                job.followed = watched == 1
                 if code == 0:
                     out.lost.append(job)
                 elif events[-1].final:

@@ -34,7 +34,7 @@ def test_only_a_duplicate_is_already_there_and_oom_is_an_error(server: redis.Red
         event = f'[{{"index":{index}}}]'
         args = [worker, 1000, 1.0, 60, 60,
                 event_entry_id(index), event, "channel", int(index == 0), 0, "", "", index]
-        [code] = script(keys=["job", "events"], args=args)
+        [[code], _] = script(keys=["job", "events"], args=args)
         return code
 
     assert call(0) == WRITTEN
@@ -55,7 +55,8 @@ def test_only_a_duplicate_is_already_there_and_oom_is_an_error(server: redis.Red
 
 def test_one_call_writes_several_jobs_and_publishes_only_watched_ones(server: redis.Redis) -> None:
     """One call per step: each job's ownership checked on its own, a lost job's batch not written, and
-    the live publish only for a job an api follows (the record's `watched`)."""
+    the live publish only for a job an api follows (the record's `watched`), which the call tells the
+    worker (its interval for the job: conveyor/worker/coalesce.py)."""
     script = server.register_script(append("PUBLISH").source)
     server.hset("a", F.WORKER, "w1")
     server.hset("b", mapping={F.WORKER: "w1", F.WATCHED: "1"})
@@ -68,9 +69,10 @@ def test_one_call_writes_several_jobs_and_publishes_only_watched_ones(server: re
     def job(name: str) -> list[object]:
         return [event_entry_id(1), '[{"index":0},{"index":1}]', f"ch-{name}", 1, 0, "", "", 1]
 
-    codes = script(keys=["a", "a-events", "b", "b-events", "c", "c-events"],
-                   args=["w1", 1000, 1.0, 60, 60, *job("a"), *job("b"), *job("c")])
+    codes, followed = script(keys=["a", "a-events", "b", "b-events", "c", "c-events"],
+                             args=["w1", 1000, 1.0, 60, 60, *job("a"), *job("b"), *job("c")])
     assert codes == [WRITTEN, WRITTEN, NOT_OWNER]
+    assert followed[:2] == [0, 1]
     assert (server.xlen("a-events"), server.xlen("b-events"), server.exists("c-events")) == (1, 1, 0)
     heard = [m["channel"] for m in iter(lambda: listener.get_message(timeout=1), None)]
     assert heard == ["ch-b"]

@@ -58,8 +58,9 @@ class Jobs:
     keys: Keys
     settings: Settings
 
-    async def submit(self, spec: JobSpec) -> str:
-        await JobStore(self.redis, self.keys, self.settings).submit(spec)
+    async def submit(self, spec: JobSpec, followed: bool = True) -> str:
+        """As a sync or streaming request does (followed), or an async job or Batch line (not)."""
+        await JobStore(self.redis, self.keys, self.settings).submit(spec, followed=followed)
         return spec.id
 
     async def record(self, job_id: str) -> dict[str, str]:

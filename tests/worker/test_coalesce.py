@@ -55,3 +55,26 @@ def test_drop_forgets_a_lost_job_and_take_all_empties() -> None:
     held.step([(A, token(1)), (B, token(1))], now=0.001)
     held.drop("a")
     assert out(held.take_all()) == [("b", 1)] and len(held) == 0
+
+
+def test_an_unfollowed_job_waits_the_longer_interval_until_it_gains_a_follower() -> None:
+    held = Coalescer(interval_s=0.020, unfollowed_s=0.250)
+    async_job = InFlight("c", entry_id="0-3", created_at=0.0, followed=False)
+    held.step([(A, token(0)), (async_job, token(0))], now=0.0)  # first tokens go out at once, both
+    released: list[tuple[str, int]] = []
+    for i in range(1, 25):  # 10 ms steps
+        released += out(held.step([(A, token(i)), (async_job, token(i))], now=i * 0.010))
+    followed = [i for job, i in released if job == "a"]
+    unfollowed = [i for job, i in released if job == "c"]
+    assert followed and max(followed) >= 20  # the followed job went out every ~20 ms
+    assert unfollowed == []  # 240 ms: the unfollowed one still waits
+    held.drop("a")
+    assert held.next_due() == 0.010 + 0.250  # its token 1's wait
+    assert out(held.step([(async_job, token(25))], now=0.250)) == [("c", i) for i in range(1, 26)]
+    async_job.followed = True  # the next write said an api follows it now
+    held.step([(async_job, token(26))], now=0.260)
+    assert out(held.step([(async_job, token(27))], now=0.275)) == [("c", 26), ("c", 27)]
+
+
+def test_the_unfollowed_interval_is_never_shorter_than_the_stream_interval() -> None:
+    assert Coalescer(interval_s=0.100, unfollowed_s=0.050).unfollowed_s == 0.100

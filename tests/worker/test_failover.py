@@ -20,11 +20,15 @@ pytestmark = pytest.mark.slow
 PROMPT = [101, 2024, 318, 257, 1332, 13]
 
 
-async def test_sigkill_mid_generation_resumes_on_another_worker(fleet, make_spec) -> None:  # type: ignore[no-untyped-def]
-    fleet.start("w0", "w1")
+@pytest.mark.parametrize("followed", [True, False], ids=["followed", "unfollowed"])
+async def test_sigkill_mid_generation_resumes_on_another_worker(fleet, make_spec, followed: bool) -> None:  # type: ignore[no-untyped-def]
+    """Also for a job nobody follows, whose events the worker writes every unfollowed interval (50 ms
+    here, so the kill lands mid-job on a fast CPU too): the next owner computes again what was lost."""
+    fleet.start("w0", "w1", CONVEYOR_UNFOLLOWED_INTERVAL_MS="50")
     await fleet.wait_ready()
     n = 600
-    job_id = await fleet.submit(make_spec(PROMPT, max_new_tokens=n))
+    job_id = await fleet.submit(make_spec(PROMPT, max_new_tokens=n), followed=followed)
+    assert (RecordField.WATCHED in await fleet.record(job_id)) is followed
     await fleet.wait_events(job_id, 100)
     victim = (await fleet.record(job_id))[RecordField.WORKER]
     survivor = {"w0": "w1", "w1": "w0"}[victim]

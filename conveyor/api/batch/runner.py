@@ -167,7 +167,7 @@ class BatchRunner:
         spec = job.model_copy(update={"id": job_id, "priority": BATCH_PRIORITY,
                                       "deadline": float(rec["expires_at"])})
         try:
-            await self.ctx.jobs.submit(spec)
+            await self.ctx.jobs.submit(spec, followed=False)
         except Overloaded:
             return False
         return True

@@ -112,8 +112,11 @@ class JobStore:
             pipe.xadd(keys.stream_of(spec.id, spec.priority, self.settings.priority_bands), fields)
 
     async def submit(self, spec: JobSpec, idempotency_key: str | None = None,
-                     fingerprint: str = "") -> Submitted:
-        """Admits and writes the job; with an Idempotency-Key seen before, answers that job instead."""
+                     fingerprint: str = "", followed: bool = True) -> Submitted:
+        """Admits and writes the job; with an Idempotency-Key seen before, answers that job instead.
+        `followed`: this request follows the job's events (sync and streaming requests), so its record
+        is `watched` from the start and its worker publishes live and writes every stream interval
+        from the first token on; async jobs and Batch lines are not (unfollowed_interval_ms)."""
         idem = self.keys.idempotency(spec.tenant, idempotency_key) if idempotency_key else None
         claim = f"{spec.id} {spec.created_at} {fingerprint}"
         if idem is not None:
@@ -126,7 +129,7 @@ class JobStore:
                 self.tracing.tag(**{"conveyor.job_id": spec.id, "conveyor.tenant": spec.tenant})
                 spec = spec.model_copy(update={"traceparent": self.tracing.traceparent()})
             try:
-                await self._write(spec)
+                await self._write(spec, followed)
             except (RedisError, OSError):
                 await self.admission.release(spec)
                 raise
@@ -141,17 +144,17 @@ class JobStore:
                  extra={"job_id": spec.id, "tenant": spec.tenant})
         return Submitted(spec.id)
 
-    async def _write(self, spec: JobSpec) -> None:
+    async def _write(self, spec: JobSpec, followed: bool) -> None:
         pipe = self.job_pipeline()
         payload = spec_payload(spec)
-        pipe.hset(
-            self.keys.job(spec.id),
-            mapping={
-                RecordField.STATUS: JobStatus.QUEUED.value,
-                RecordField.SPEC: payload,
-                RecordField.TENANT: spec.tenant,
-            },
-        )
+        record: dict[str, str | int] = {
+            RecordField.STATUS: JobStatus.QUEUED.value,
+            RecordField.SPEC: payload,
+            RecordField.TENANT: spec.tenant,
+        }
+        if followed:
+            record[RecordField.WATCHED] = 1
+        pipe.hset(self.keys.job(spec.id), mapping=record)
         self.tenants.add(pipe, spec)
         await self.enqueue_after(pipe, spec, payload)
 

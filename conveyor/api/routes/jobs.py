@@ -93,7 +93,7 @@ async def submit(
         await check_webhook(spec.webhook, tenant, ctx.webhook_secrets, ctx.webhook_allow,
                             enabled=ctx.jobs.webhooks is not None)
     fingerprint = hashlib.sha256(body.model_dump_json().encode()).hexdigest()[:32]
-    submitted = await ctx.jobs.submit(spec, idempotency_key, fingerprint)
+    submitted = await ctx.jobs.submit(spec, idempotency_key, fingerprint, followed=False)
     status = JobStatus.QUEUED
     if submitted.replayed:
         record = await ctx.jobs.record(submitted.job_id)

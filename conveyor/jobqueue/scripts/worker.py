@@ -58,7 +58,8 @@ def append(publish: PublishCommand) -> Script:
     still owns the job — one ownership check per job per call, and one call per step for all the jobs
     whose keys share a node's script (all of them on one node, a slot's on a cluster): XADD (the ID
     follows the batch's last index, so a duplicate is refused) and, only while an api listens to the
-    job (the record's `watched`, Relay.events), the live publish; milestones; on the final event the
+    job (the record's `watched`, Relay.events), the live publish — and says so, for the worker's
+    interval (conveyor/worker/coalesce.py); milestones; on the final event the
     record (with the final event's index, what a replay after the window needs) and the TTLs: the
     record's `result_ttl`, the per-token events' `replay_window` (docs/operations/redis.md#memory-per-job).
     Only a refused duplicate counts as "already there": any other XADD error (OOM under maxmemory)
@@ -67,14 +68,14 @@ def append(publish: PublishCommand) -> Script:
         keys=("each job's record, then its event stream, ...",),
         argv=("worker id", "maxlen", "now", "record ttl", "events ttl",
               f"per job: {', '.join(APPEND_FIELDS)}, ..."),
-        returns="per job: 0: not the owner (another worker took the job over), 1: written, "
-                "2: was already there",
+        returns="{per job: 0: not the owner (another worker took the job over), 1: written, "
+                "2: was already there; per job: 1 if an api follows it (`watched`), else 0}",
         source=f"""
 local jobs = #KEYS / 2
 if #ARGV ~= 5 + {len(APPEND_FIELDS)} * jobs then
   return redis.error_reply('APPEND: 2 keys and {len(APPEND_FIELDS)} arguments per job')
 end
-local out = {{}}
+local out, followed = {{}}, {{}}
 for j = 1, jobs do
   local record, events, a = KEYS[2 * j - 1], KEYS[2 * j], 5 + {len(APPEND_FIELDS)} * (j - 1)
   local owner = redis.call('HMGET', record, '{F.WORKER}', '{F.WATCHED}')
@@ -100,8 +101,9 @@ for j = 1, jobs do
     end
   end
   out[j] = code
+  followed[j] = owner[2] and 1 or 0
 end
-return out
+return {{out, followed}}
 """,
     )
 
