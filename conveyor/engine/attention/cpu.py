@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from conveyor.engine.attention.base import AttentionBatch, AttentionGeometry, NativePlan
+from conveyor.engine.block_tables import BlockTables
 from conveyor.engine.native import paged_attention
 from conveyor.engine.workspace import Workspace
 
@@ -32,7 +33,8 @@ def cpu_unavailable_reason(geometry: AttentionGeometry) -> str | None:
     return paged_attention.unavailable_reason()
 
 
-# Block tables are int32, padded to the widest row with the scratch block (never read).
+# Block tables are int32 rows of a persistent table (block_tables.py), past each sequence's blocks
+# the scratch block (never read: the kernels stop at each row's context).
 
 
 @dataclass(slots=True)
@@ -63,6 +65,7 @@ class CpuAttention:
     def __init__(self, geometry: AttentionGeometry) -> None:
         self.g = geometry
         self._output = Workspace(geometry.device, geometry.dtype)  # forward's result, reused
+        self._tables = BlockTables(pad=geometry.scratch_block, device=geometry.device)
 
     def cache_shape(self) -> tuple[int, ...]:
         g = self.g
@@ -71,13 +74,14 @@ class CpuAttention:
     def prepare(self, batch: AttentionBatch) -> CpuMeta:
         n = batch.num_decode
         decode = prefill = None
+        rows = self._tables.rows(batch.block_tables)
         if n:
-            decode = _Decode(self._padded(batch.block_tables[:n], batch.context_lens[:n]),
+            decode = _Decode(self._padded(rows[:n], batch.context_lens[:n]),
                              torch.tensor(batch.context_lens[:n], dtype=torch.int32))
         if len(batch.query_lens) > n:
             lens, ctx = batch.query_lens[n:], batch.context_lens[n:]
             starts = [c - length for c, length in zip(ctx, lens, strict=True)]
-            prefill = _Prefill(self._padded(batch.block_tables[n:], ctx),
+            prefill = _Prefill(self._padded(rows[n:], ctx),
                                torch.tensor(starts, dtype=torch.int32), torch.tensor(lens, dtype=torch.int32))
         return CpuMeta(slots=batch.slots, decode=decode, prefill=prefill, num_decode=n)
 
@@ -94,13 +98,9 @@ class CpuAttention:
             scale=self.g.scale,
         )
 
-    def _padded(self, tables: list[list[int]], context: list[int]) -> torch.Tensor:
-        bs = self.g.block_size
-        widths = [-(-ctx // bs) for ctx in context]
-        width = max(widths)
-        scratch = self.g.scratch_block
-        rows = [table[:w] + [scratch] * (width - w) for table, w in zip(tables, widths, strict=True)]
-        return torch.tensor(rows, dtype=torch.int32)
+    def _padded(self, rows: list[int], context: list[int]) -> torch.Tensor:
+        width = max(-(-ctx // self.g.block_size) for ctx in context)
+        return self._tables.gather(rows, width)
 
     def forward(
         self,

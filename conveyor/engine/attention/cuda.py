@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from conveyor.engine.attention.base import AttentionBatch, AttentionGeometry
+from conveyor.engine.block_tables import BlockTables
 from conveyor.engine.staging import to_device
 
 logger = logging.getLogger(__name__)
@@ -39,16 +40,15 @@ def cuda_layout(g: AttentionGeometry) -> tuple[int, ...]:
     return (g.num_blocks + 1, g.block_size, g.num_kv_heads, g.head_dim)
 
 
-def prepare_meta(batch: AttentionBatch, g: AttentionGeometry) -> CudaMeta:
-    """The block tables cut to the blocks each sequence reads, padded with block 0 (never read);
-    copied to the device without a host sync (staging.py)."""
-    used = [-(-ctx // g.block_size) for ctx in batch.context_lens]
-    width = max(used)
-    rows = [t[:u] + [0] * (width - u) for t, u in zip(batch.block_tables, used, strict=True)]
+def prepare_meta(batch: AttentionBatch, g: AttentionGeometry, tables: BlockTables) -> CudaMeta:
+    """The block tables cut to the blocks the widest sequence reads, gathered on the device from
+    the backend's persistent table (block_tables.py: only what changed is copied, without a host
+    sync; padded with block 0, never read)."""
+    width = max(-(-ctx // g.block_size) for ctx in batch.context_lens)
     return CudaMeta(
         slots=batch.slots,
         context_lens=to_device(batch.context_lens, torch.int32, g.device),
-        block_table=to_device(rows, torch.int32, g.device),
+        block_table=tables.gather(tables.rows(batch.block_tables), width),
         num_decode=batch.num_decode,
     )
 

@@ -14,6 +14,7 @@ import torch
 
 from conveyor.engine.attention.base import AttentionBatch, AttentionGeometry
 from conveyor.engine.attention.cuda import CudaMeta, cuda_layout, cumulative, prepare_meta, write_kv
+from conveyor.engine.block_tables import BlockTables
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +33,7 @@ class FlashAttention:
         from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
 
         self.g = geometry
+        self.tables = BlockTables(pad=0, device=geometry.device)
         self._varlen = flash_attn_varlen_func
         self._with_kvcache = flash_attn_with_kvcache
 
@@ -39,7 +41,7 @@ class FlashAttention:
         return cuda_layout(self.g)
 
     def prepare(self, batch: AttentionBatch) -> CudaMeta:
-        meta = prepare_meta(batch, self.g)
+        meta = prepare_meta(batch, self.g, self.tables)
         if not meta.decode_only:  # flash-attn's varlen call takes the decode rows as chunks of one
             device = self.g.device
             meta.prefill = _Varlen(

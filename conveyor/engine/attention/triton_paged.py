@@ -18,6 +18,7 @@ import torch
 
 from conveyor.engine.attention.base import AttentionBatch, AttentionGeometry
 from conveyor.engine.attention.cuda import CudaMeta, cuda_layout, cumulative, prepare_meta, write_kv
+from conveyor.engine.block_tables import BlockTables
 
 if TYPE_CHECKING:
     from conveyor.engine.attention.triton_kernels import PrefillTiles
@@ -48,6 +49,7 @@ class TritonAttention:
         import conveyor.engine.attention.triton_kernels as triton_kernels
 
         self.g = geometry
+        self.tables = BlockTables(pad=0, device=geometry.device)
         self.kernels = triton_kernels
         self.group = geometry.num_heads // geometry.num_kv_heads
         self.split_min = split_min or triton_kernels.SPLIT_MIN  # tests lower it to get many splits
@@ -57,7 +59,7 @@ class TritonAttention:
         return cuda_layout(self.g)
 
     def prepare(self, batch: AttentionBatch) -> CudaMeta:
-        meta = prepare_meta(batch, self.g)
+        meta = prepare_meta(batch, self.g, self.tables)
         if not meta.decode_only:
             lens = batch.query_lens[batch.num_decode :]
             meta.prefill = _PrefillPlan(
