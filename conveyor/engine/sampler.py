@@ -103,8 +103,11 @@ class Sampler:
             rows = torch.tensor(sampled, device=x.device)
             chosen[rows] = _draw(x[rows], [seqs[i] for i in sampled], [ahead[i] for i in sampled])
 
-        token_ids = chosen.tolist()
-        chosen_logprobs = logprobs.gather(1, chosen[:, None])[:, 0].tolist()
+        # One copy to the host, not two: on a GPU each .tolist() waits for the whole stream. float64
+        # holds every token id exactly (vocabularies are far below 2**53).
+        ids_and_logprobs = torch.stack((chosen.double(), logprobs.gather(1, chosen[:, None])[:, 0].double()))
+        token_ids_f, chosen_logprobs = ids_and_logprobs.tolist()
+        token_ids = [int(t) for t in token_ids_f]
         top_tokens: list[list[tuple[int, float]]] = [[] for _ in seqs]
         k = min(max((p.top_n_tokens for p in params), default=0), x.shape[1])
         if k > 0:
