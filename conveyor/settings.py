@@ -283,7 +283,8 @@ class Settings(BaseSettings):
         default=250, ge=0, le=10000,
         description="The same wait for jobs no api follows (async jobs nobody streams, Batch lines; never "
         "shorter than stream_interval_ms): their events go to the event stream this often, so a worker "
-        "that dies loses at most this much computed output. A job gains a follower at its next write.",
+        "that dies loses at most this much computed output. A job that gains a follower switches at its "
+        "worker's next step.",
     )
     event_stream_maxlen: int = Field(
         default=16384, ge=16,

@@ -26,6 +26,9 @@ from conveyor.jobqueue.bands import BANDS, Band, band_of
 
 WORKER_GROUP = "workers"
 DEAD_LETTER_MAXLEN = 10_000  # the dead-letter stream keeps about this many newest entries
+# The control channel's messages: a bare job id asks its worker to cancel it; FOLLOWED + id tells it
+# an api follows the job now (its events then go out every stream interval: conveyor/worker/coalesce.py).
+FOLLOWED = "followed:"
 
 
 def event_entry_id(index: int) -> str:
@@ -165,7 +168,7 @@ class Keys:
 
     @property
     def control_channel(self) -> str:
-        """Pub/sub channel for cancel requests, read by every worker."""
+        """Pub/sub channel for cancel requests and follow notices (FOLLOWED), read by every worker."""
         return f"{self.prefix}:control"
 
     @property

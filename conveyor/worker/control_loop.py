@@ -1,12 +1,16 @@
 """Cancels (docs/design.md §1 step 7): the control channel reaches every worker, and the owner of the
 job aborts it before the engine's next step. Pub/sub is at-most-once, so the lease loop also reads
-the cancel flags of the jobs it owns at every heartbeat (`check_flags`)."""
+the cancel flags of the jobs it owns at every heartbeat (`check_flags`).
+
+The same channel says when an api starts following a job that nobody followed (keys.FOLLOWED): its
+owner then writes its events every stream interval, not every unfollowed interval. A lost notice
+costs only latency: the job's next write reads the mark anyway (publisher.py)."""
 
 from __future__ import annotations
 
 from redis.asyncio import Redis
 
-from conveyor.jobqueue.keys import Keys
+from conveyor.jobqueue.keys import FOLLOWED, Keys
 from conveyor.wire.job import RecordField
 from conveyor.worker.engine_thread import EngineThread
 from conveyor.worker.owned import InFlight, Owned
@@ -26,8 +30,11 @@ class ControlLoop:
             async for message in pubsub.listen():
                 if message.get("type") != "message":
                     continue
-                job = self.owned.get(message["data"])
-                if job is not None:
+                data: str = message["data"]
+                if data.startswith(FOLLOWED):
+                    if (job := self.owned.get(data[len(FOLLOWED) :])) is not None:
+                        job.followed = True
+                elif (job := self.owned.get(data)) is not None:
                     self.cancel(job)
         finally:
             await pubsub.aclose()

@@ -25,11 +25,11 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError
 
 from conveyor.api.errors import ValidationError
-from conveyor.jobqueue.keys import Keys, event_entry_id
+from conveyor.jobqueue.keys import FOLLOWED, Keys, event_entry_id
 from conveyor.jobqueue.pubsub.sharded import subscriptions_for
 from conveyor.jobqueue.pubsub.subscriptions import Listener, Signal
 from conveyor.jobqueue.redis_errors import is_transient
-from conveyor.jobqueue.scripts.jobs import HSET_IF_EXISTS
+from conveyor.jobqueue.scripts.jobs import WATCH
 from conveyor.wire.event_batch import events_after, load_events
 from conveyor.wire.job import JobEvent, RecordField
 
@@ -72,7 +72,7 @@ class Relay:
         self.stats = RelayStats()
         # One classic connection on a single node; one per node, sharded, on a cluster.
         self.subscriptions = subscriptions_for(redis, f"{keys.prefix}:relay", on_event=self._observe)
-        self._watch = redis.register_script(HSET_IF_EXISTS.source)
+        self._watch = redis.register_script(WATCH.source)
 
     @property
     def num_clients(self) -> int:
@@ -193,13 +193,15 @@ class Relay:
         """`backlog`, read again while Redis cannot serve for a moment (a node restarting, a cluster
         failing over: CLUSTERDOWN, LOADING, a lost connection), for at most the outage timeout.
         `watch`: first mark the job followed, so its worker publishes its events live from then on
-        (subscribed, then marked, then read: an event written before the mark is in the read)."""
+        (subscribed, then marked, then read: an event written before the mark is in the read), and
+        at the stream interval once the mark's notice reaches it (scripts/jobs.py WATCH)."""
         deadline = time.monotonic() + self.outage_timeout
         delay = RETRY_FIRST_S
         while True:
             try:
                 if watch:
-                    await self._watch(keys=[self.keys.job(job_id)], args=[RecordField.WATCHED, 1])
+                    await self._watch(keys=[self.keys.job(job_id)],
+                                      args=[self.keys.control_channel, FOLLOWED + job_id])
                     watch = False
                 return await self.backlog(job_id, after)
             except StreamInterrupted:

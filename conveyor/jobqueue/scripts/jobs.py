@@ -132,11 +132,26 @@ return {{v[1] or false, v[2] or false, tokens}}
 )
 
 # A field of a job record, written only while the record lives: a webhook's delivery state
-# (conveyor/webhooks/delivery.py; one retried past result_ttl must not re-create it) and the relay's
-# `watched` mark (a follow of an unknown or expired job must not create a record without a TTL).
+# (conveyor/webhooks/delivery.py; one retried past result_ttl must not re-create it).
 HSET_IF_EXISTS = Script(
     keys=("job record",),
     argv=("field", "value"),
     returns="nil",
     source="if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end",
+)
+
+# The relay's `watched` mark, set only while the record lives (a follow of an unknown or expired job
+# must not create a record without a TTL); the first time, it is announced on the control channel,
+# so the job's worker writes its events every stream interval from its next step on, not every
+# unfollowed interval (conveyor/worker/coalesce.py). A record marked at submit announces nothing.
+WATCH = Script(
+    keys=("job record",),
+    argv=("control channel", "message (keys.FOLLOWED + job id)"),
+    returns="1 if the mark is new, else 0",
+    source=f"""
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if redis.call('HSETNX', KEYS[1], '{F.WATCHED}', 1) == 0 then return 0 end
+redis.call('PUBLISH', ARGV[1], ARGV[2])
+return 1
+""",
 )
