@@ -52,14 +52,14 @@ class BlockTables:
         rows: list[int] = []
         writes: list[tuple[int, int, list[int]]] = []  # (row, first column, values)
         for table in tables:
-            row = self._row(id(table))
-            rows.append(self._row_of[row.key])
+            index, row = self._row(id(table))
+            rows.append(index)
             if table == row.known:
                 continue
             k = len(row.known)
             start = k if len(table) >= k and table[:k] == row.known else 0  # grown at the end, or changed
             values = table[start:] + [self.pad] * (k - len(table))  # a shorter list: pad what it dropped
-            writes.append((self._row_of[row.key], start, values))
+            writes.append((index, start, values))
             row.known = list(table)
         self._write(writes)
         return rows
@@ -69,13 +69,13 @@ class BlockTables:
         index = to_device(rows, torch.long, self.device)
         return torch.index_select(self.table[:, :width], 0, index)
 
-    def _row(self, key: int) -> _Row:
+    def _row(self, key: int) -> tuple[int, _Row]:
         """The key's row; a new one takes a free row, else the least recently used row no sequence
         of this step holds (its content stays `known`: the comparison overwrites what differs), else
         the table doubles."""
         index = self._row_of.get(key)
         if index is not None:
-            return self._rows[index]  # type: ignore[return-value]
+            return index, self._rows[index]  # type: ignore[return-value]
         known: list[int] = []
         free = [i for i, r in enumerate(self._rows) if r is None or r.used_at < self._step]
         if not free:  # every row serves this step
@@ -88,7 +88,7 @@ class BlockTables:
             known = old.known
         row = self._rows[index] = _Row(key, known, self._step)
         self._row_of[key] = index
-        return row
+        return index, row
 
     def _grow(self, rows: int, width: int) -> None:
         table = torch.full((rows, width), self.pad, dtype=torch.int32, device=self.device)
