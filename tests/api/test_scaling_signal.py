@@ -75,13 +75,16 @@ def test_keda_asks_for_the_workers_the_queue_wants_at_every_step(scaled: Running
     assert keys.jobs_shards == 1  # keys_of reads the prefix only: the layout is the service's
     keys = Keys(keys.prefix, jobs_shards=2)
     check(scaled, 0, 0)
-    for n in range(1, 8):  # filling: every band, both shards (the ids decide the shard)
-        submit(scaled, PRIORITIES[n % len(PRIORITIES)])
+    n, shards = 0, set()
+    while n < 7 or shards != {0, 1}:  # filling: every band, both shards (the random ids decide)
+        n += 1
+        shards.add(keys.shard_of(submit(scaled, PRIORITIES[n % len(PRIORITIES)])))
         check(scaled, n, 0)
+        assert n < 64, f"{n} job ids, all in shard {shards}: Keys.shard_of no longer spreads them"
     with redis_of(scaled) as redis:
         assert {keys.shard_of(fields["id"]) for stream in keys.jobs_streams
                 for _id, fields in redis.xrange(stream)} == {0, 1}
-        waiting, running = 7, 0
+        waiting, running = n, 0
         for stream in keys.jobs_streams:  # draining as a worker does: read, then XACK and XDEL
             for entry_id, _fields in redis.xrange(stream):
                 [[_s, [(read_id, _)]]] = redis.xreadgroup(WORKER_GROUP, "drainer", {stream: ">"}, count=1)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -109,6 +110,8 @@ def test_a_part_past_its_budget_fails_alone(tmp_path: Path) -> None:
     """The correctness part cut at its 1 s budget: an error saying so, and the parts after it run."""
     r = _run(tmp_path, *TINY_SPEED, "--budget", "correctness=1", returncode=1)
     assert r["correctness"]["timed_out"] is True and "1 s budget" in r["correctness"]["error"]
+    for part in ("ceilings", "model_8b"):  # the budget ends with its part
+        assert "error" not in r[part], r[part]
     assert [row["batch"] for row in r["decode"]] == [1, 2] and r["prefill"]["step_s"] > 0
     assert "(a) correctness | error: PartTimeout" in (tmp_path / "gpu_check.md").read_text()
 
@@ -121,6 +124,7 @@ def test_a_cut_decode_part_keeps_its_rows_in_the_json(tmp_path: Path) -> None:
         time.sleep(5)
 
     results: dict[str, Any] = {"skipped": {}}
+    outer = signal.getsignal(signal.SIGALRM)  # pytest-timeout's, where it runs
     out = gpu_check.run_part(results, "decode", decode, tmp_path, budget_s=0.2, partial=rows)
     assert out["timed_out"] is True and out["rows"] == [_ROW]
     on_disk = json.loads((tmp_path / "gpu_check.json").read_text())
@@ -129,6 +133,7 @@ def test_a_cut_decode_part_keeps_its_rows_in_the_json(tmp_path: Path) -> None:
     assert "| (b) decode batch 8, context 1001 | graphs error: RuntimeError: replay" in md
     assert "eager 800 tok/s = 50% of roofline (10.00 ms/step, 2 host syncs/step)" in md
     assert "| (b) decode | error: PartTimeout" in md
+    assert signal.getsignal(signal.SIGALRM) is outer  # the part's timer ends with it
 
 
 _ROW = {
