@@ -4,7 +4,7 @@ tests/worker/test_redis_cost.py checks the same run loses and duplicates nothing
 
 The jobs are written as the api writes them (conveyor.api.jobpath.store.JobStore: admission + record +
 stream entry), then the workers run them; nobody follows them, as async jobs (no relay, no SSE client:
-no live PUBLISH, and their events go out every `unfollowed_interval_ms`). The counters are the server's
+no live PUBLISH, and their events go out every `durable_interval_ms`). The counters are the server's
 own: `INFO commandstats` (calls and µs per command), `INFO stats` total_commands_processed,
 total_net_input_bytes / total_net_output_bytes, and total_reads_processed: the read events the server
 handled, one per request the client sent (a pipeline is one), i.e. the round trips. The bench's own
@@ -230,7 +230,7 @@ async def _run_jobs(
     acknowledged entry is deleted from its stream: the XLEN of every jobs stream sums to 0);
     returns the XLEN commands sent (one round trip each)."""
     store = JobStore(redis, keys, settings)
-    # As async jobs: no api follows them (no live publish; their events every unfollowed interval).
+    # As async jobs: no api follows them (no live publish; their events every durable interval).
     await asyncio.gather(*(store.submit(spec, followed=False) for spec in specs))
     deadline = time.monotonic() + timeout
     polls = 0

@@ -2,9 +2,10 @@
 is not shipped): client processes replay what the api and a worker send for each job, with the
 real code and scripts: JobStore.submit (admission script, record, entry on the job's stream:
 Keys.stream_of), XREADGROUP of those streams (one per shard), the worker's TAKE script, then per
-step one pipeline with one call of the APPEND script for the batch of jobs (per job: HMGET + XADD +
-PUBLISH inside it, SPUBLISH on a cluster; one token per entry, every job followed: the per-token
-worst case, no stream interval coalescing), the final APPEND (record, TTLs), XACK + XDEL on each job's stream.
+step one pipeline with one call of the APPEND script for the batch of jobs (per job: HMGET + XADD
+inside it) and one live message to the api that follows them all (PUBLISH, SPUBLISH on a cluster;
+one token per entry, every job followed: the per-token worst case, no stream or durable interval
+coalescing), the final APPEND (record, TTLs), XACK + XDEL on each job's stream.
 The client is the processes' own (conveyor.jobqueue.client.make_client), so a cluster's URL (its nodes
 listed) runs the load on the cluster, the counters summed over its nodes. Heartbeats and lease
 renewals (time-based, a few commands a second per worker) are left out.
@@ -31,6 +32,7 @@ from benchmarks.redis_fleet import node_urls
 from conveyor.api.jobpath.store import JobStore
 from conveyor.jobqueue.client import make_client
 from conveyor.jobqueue.keys import WORKER_GROUP, Keys
+from conveyor.jobqueue.pubsub.publish import publish_to_followers
 from conveyor.jobqueue.queue import ensure_group
 from conveyor.jobqueue.scripts.worker import Scripts
 from conveyor.settings import Settings
@@ -45,6 +47,8 @@ from conveyor.wire.job import (
     StoppingSpec,
     Usage,
 )
+
+FOLLOWER = "load-api"  # the api process that follows every job
 
 
 @dataclass
@@ -100,7 +104,7 @@ async def _client(url: str, seconds: float, batch: int, tokens: int, prompt: int
             pipe = redis.pipeline(transaction=False)
             for spec in specs:
                 scripts.call(pipe, "take", [keys.job(spec.id)], ["load", 1, 1, 0, now])
-                pipe.hset(keys.job(spec.id), RecordField.WATCHED, 1)  # a client follows it: live publishes
+                pipe.hset(keys.job(spec.id), RecordField.WATCHED, FOLLOWER)  # a client follows it: live
             await pipe.execute()
             for index in range(tokens):
                 pipe = redis.pipeline(transaction=False)
@@ -120,15 +124,17 @@ async def _client(url: str, seconds: float, batch: int, tokens: int, prompt: int
                 # One APPEND call per step for the batch (a job's keys share its slot, not the batch's:
                 # on a cluster one call per job), the record 60 s, the events 60 s.
                 calls = [specs] if not cluster else [[spec] for spec in specs]
+                events = dump_events([event])
                 for group in calls:
                     job_keys: list[str] = []
                     args: list[object] = ["load", 1000, now, 60, 60]
                     for spec in group:
                         job_keys += [keys.job(spec.id), keys.events(spec.id)]
-                        args += [f"0-{index + 1}", dump_events([event]), keys.channel(spec.id),
-                                 int(index == 0), int(final), result.status.value if result else "",
+                        args += [f"0-{index + 1}", events, int(index == 0), int(final),
+                                 result.status.value if result else "",
                                  result.model_dump_json() if result else "", index]
                     scripts.call(pipe, "append", job_keys, args)
+                publish_to_followers(pipe, keys, {FOLLOWER: {spec.id: events for spec in specs}})
                 await pipe.execute()
             pipe = redis.pipeline(transaction=False)
             for stream, ids in entries.items():

@@ -275,16 +275,17 @@ class Settings(BaseSettings):
     )
     stream_interval_ms: float = Field(
         default=20, ge=0, le=1000,
-        description="Longest a job's token waits in the worker to go out with its next ones (one event "
-        "stream entry and one live message for several steps' tokens, as SGLang's --stream-interval); "
-        "first tokens and ends never wait. 0: every step's tokens go out at the step's end.",
+        description="Longest a followed job's token waits in the worker to go out live with its next ones "
+        "(one live message for several steps' tokens, as SGLang's --stream-interval); first tokens and "
+        "ends never wait. 0: every step's tokens go out at the step's end.",
     )
-    unfollowed_interval_ms: float = Field(
+    durable_interval_ms: float = Field(
         default=250, ge=0, le=10000,
-        description="The same wait for jobs no api follows (async jobs nobody streams, Batch lines; never "
-        "shorter than stream_interval_ms): their events go to the event stream this often, so a worker "
-        "that dies loses at most this much computed output. A job that gains a follower switches at its "
-        "worker's next step.",
+        description="Longest a job's events wait in the worker before they are written to its event "
+        "stream (the durable copy that resumes, replays and late followers read; never shorter than "
+        "stream_interval_ms). Followed jobs' tokens go out live every stream_interval_ms meanwhile. A "
+        "worker that dies loses at most this much computed output, which the job's next owner computes "
+        "again.",
     )
     event_stream_maxlen: int = Field(
         default=16384, ge=16,

@@ -165,9 +165,8 @@ def test_the_boundary_check_sees_a_transitive_import() -> None:
 
 
 SCRIPTS = {
-    **{f"worker.{name}": script for name, script in worker.worker_scripts("PUBLISH").items()},
+    **{f"worker.{name}": script for name, script in worker.worker_scripts().items()},
     **{f"jobs.{name}": value for name, value in vars(jobs).items() if isinstance(value, Script)},
-    "jobs.end_queued": jobs.end_queued("PUBLISH"),
     **{f"batches.{name}": value for name, value in vars(batches).items() if isinstance(value, Script)},
 }
 

@@ -98,10 +98,11 @@ def create_app(settings: Settings, model_dir: Path, model_id: str,
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         redis = api_redis(settings)
         keys = Keys(settings.key_prefix, settings.jobs_shards)
-        relay = Relay(redis, keys, on_lag=metrics.relay_lag.observe, keepalive_s=settings.sse_keepalive_s)
+        relay = Relay(redis, keys, on_lag=metrics.relay_lag.observe, keepalive_s=settings.sse_keepalive_s,
+                      durable_wait_s=settings.durable_interval_ms / 1000 + 1.0)
         metrics.sse_clients.set_function(lambda: relay.num_clients)
         webhooks = webhook_queue(settings, keys)
-        jobs = JobStore(redis, keys, settings, metrics, webhooks, tracing)
+        jobs = JobStore(redis, keys, settings, metrics, webhooks, tracing, follower=relay.api_id)
         await jobs.ensure_group(catalog.queues)
         await check_spread(redis, keys)
         await relay.start()

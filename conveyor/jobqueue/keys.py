@@ -26,9 +26,13 @@ from conveyor.jobqueue.bands import BANDS, Band, band_of
 
 WORKER_GROUP = "workers"
 DEAD_LETTER_MAXLEN = 10_000  # the dead-letter stream keeps about this many newest entries
-# The control channel's messages: a bare job id asks its worker to cancel it; FOLLOWED + id tells it
-# an api follows the job now (its events then go out every stream interval: conveyor/worker/coalesce.py).
+# The control channel's messages: a bare job id asks its worker to cancel it; FOLLOWED + "ID API"
+# tells it the api process API follows the job now, or missed some of its live events (its tokens then
+# go out live to that api, and what the worker holds is written: conveyor/worker/coalesce.py).
 FOLLOWED = "followed:"
+# The `watched` mark of an api from before per-process live channels: it listens on the job's own
+# channel (Keys.channel), where workers publish for it until every api is upgraded.
+OLD_API = "1"
 
 
 def event_entry_id(index: int) -> str:
@@ -185,8 +189,13 @@ class Keys:
         return f"{self.prefix}:job:{{{job_id}}}:events"
 
     def channel(self, job_id: str) -> str:
-        """Pub/sub channel of the job's live events."""
+        """Pub/sub channel of one job's live events, for an api from before per-process channels."""
         return f"{self.prefix}:job:{{{job_id}}}:live"
+
+    def live(self, api_id: str) -> str:
+        """Pub/sub channel of one api process: the live events of every job it follows, one message
+        per worker step (conveyor/wire/event_batch.py dump_live)."""
+        return f"{self.prefix}:api:{{{api_id}}}:live"
 
     def worker(self, worker_id: str) -> str:
         """Heartbeat of a worker: its WorkerInfo as JSON, with a TTL of job_lease_ms."""

@@ -16,6 +16,9 @@ Two encodings, chosen per batch by the writer; the reader takes either, and a si
 - **a JSON array** of events without their default fields, for anything else.
 An api must be upgraded before its workers (docs/operations/deploy.md#upgrading): an older api reads
 arrays and objects, not columns.
+
+A live message goes to one api process and carries the new events of every job of one worker step
+that the api follows: `{"JOB ID": <a batch as above>, ...}` (`dump_live`, `load_live`).
 """
 
 from __future__ import annotations
@@ -45,6 +48,24 @@ def load_events(raw: str | bytes) -> list[JobEvent]:
     if text.startswith('{"i":'):
         return _load_columns(from_json(text))
     return [JobEvent.model_validate_json(text)]
+
+
+def dump_live(batches: dict[str, str]) -> str:
+    """One live message: job id → its batch as dump_events wrote it (no batch is encoded twice)."""
+    return "{" + ",".join(f'"{job_id}":{batch}' for job_id, batch in batches.items()) + "}"
+
+
+def load_live(raw: str | bytes) -> dict[str, list[JobEvent]]:
+    """A live message's events by job id, parsed in one pass."""
+    return {job_id: _load_python(batch) for job_id, batch in from_json(raw).items()}
+
+
+def _load_python(batch: Any) -> list[JobEvent]:
+    if isinstance(batch, list):
+        return _BATCH.validate_python(batch)
+    if "i" in batch and "id" in batch:
+        return _load_columns(batch)
+    return [JobEvent.model_validate(batch)]
 
 
 def events_after(entries: Sequence[tuple[str, dict[str, str]]], after: int) -> list[JobEvent]:

@@ -2,26 +2,31 @@
 job aborts it before the engine's next step. Pub/sub is at-most-once, so the lease loop also reads
 the cancel flags of the jobs it owns at every heartbeat (`check_flags`).
 
-The same channel says when an api starts following a job that nobody followed (keys.FOLLOWED): its
-owner then writes its events every stream interval, not every unfollowed interval. A lost notice
-costs only latency: the job's next write reads the mark anyway (publisher.py)."""
+The same channel says when an api starts following a job (keys.FOLLOWED), or lost some of its live
+events: its owner then publishes its tokens live and writes what it holds to the event stream at its
+next step (PublishLoop.followed). A lost notice costs only latency: the job's next durable write
+reads the mark anyway (publisher.py), and its interval bounds what the relay waits for."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from redis.asyncio import Redis
 
-from conveyor.jobqueue.keys import FOLLOWED, Keys
+from conveyor.jobqueue.keys import FOLLOWED, OLD_API, Keys
 from conveyor.wire.job import RecordField
 from conveyor.worker.engine_thread import EngineThread
 from conveyor.worker.owned import InFlight, Owned
 
 
 class ControlLoop:
-    def __init__(self, redis: Redis, keys: Keys, owned: Owned, thread: EngineThread) -> None:
+    def __init__(self, redis: Redis, keys: Keys, owned: Owned, thread: EngineThread,
+                 on_followed: Callable[[InFlight], None]) -> None:
         self.redis = redis
         self.keys = keys
         self.owned = owned
         self.thread = thread
+        self.on_followed = on_followed
 
     async def run(self) -> None:
         pubsub = self.redis.pubsub()
@@ -31,9 +36,11 @@ class ControlLoop:
                 if message.get("type") != "message":
                     continue
                 data: str = message["data"]
-                if data.startswith(FOLLOWED):
-                    if (job := self.owned.get(data[len(FOLLOWED) :])) is not None:
-                        job.followed = True
+                if data.startswith(FOLLOWED):  # "followed:ID API"; an older api's: "followed:ID"
+                    job_id, _, follower = data[len(FOLLOWED) :].partition(" ")
+                    if (job := self.owned.get(job_id)) is not None:
+                        job.followers.add(follower or OLD_API)
+                        self.on_followed(job)
                 elif (job := self.owned.get(data)) is not None:
                     self.cancel(job)
         finally:

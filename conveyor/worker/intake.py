@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from redis.asyncio import Redis
 
 from conveyor.jobqueue.keys import Keys
-from conveyor.jobqueue.pubsub.publish import publish_live
+from conveyor.jobqueue.pubsub.publish import publish_to_followers
 from conveyor.jobqueue.queue import Entry, EntryRef
 from conveyor.jobqueue.scripts.worker import Scripts
 from conveyor.wire.event_batch import dump_events, events_after
@@ -104,13 +104,14 @@ class Intake:
             if record is None:
                 await self.drop(entry, "the job's record is gone (expired or deleted): nothing to run")
                 continue
-            status, cancel, (started_at, first_token_at, seed) = record
+            status, cancel, (started_at, first_token_at, seed, watched) = record
             events = sorted(events_after(stream, -1), key=lambda e: e.index)
             job.tokens = sum(1 for e in events if e.token is not None)
             if spec.width > 1:  # resumed per choice: conveyor/worker/choices.py
                 job.choices = Choices.replay(spec.width, events, len(spec.prompt_ids))
             job.started_at = float(started_at) if started_at else None
             job.first_token_at = float(first_token_at) if first_token_at else None
+            job.followers = set(watched.split()) if watched else set()
             taken.append(Taken(job, spec, entry, events, JobStatus(status or JobStatus.QUEUED),
                                cancelled=bool(cancel), seed=int(seed) if seed else spec.sampling.seed))
         return taken
@@ -183,8 +184,8 @@ class Intake:
             if t.tokens:
                 # A resumed job: the dead worker may have written its last event without publishing
                 # it. Publish it again (subscribers drop indices they have) so none sees a gap.
-                last = (t.events if t.job.choices is not None else t.tokens)[-1]
-                publish_live(pipe, self.keys.channel(t.job.job_id), dump_events([last]))
+                last = dump_events([(t.events if t.job.choices is not None else t.tokens)[-1]])
+                publish_to_followers(pipe, self.keys, {f: {t.job.job_id: last} for f in t.job.followers})
         if len(pipe):
             await pipe.execute()
         for t, _command in starts:

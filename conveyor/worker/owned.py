@@ -7,7 +7,7 @@ lease loop renews what it holds, cancels look jobs up, and the drain waits until
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from conveyor.jobqueue.queue import EntryRef
 from conveyor.wire.job import JobSpec, Timings
@@ -32,9 +32,13 @@ class InFlight:
     # Its final event is written; its entry is being acknowledged, so a lease renewal racing the
     # ack finds it gone from the group's pending entries: ended, not taken over.
     ended: bool = False
-    # An api follows its events (the record's `watched`, as the last APPEND read it): its tokens go
-    # out every stream interval, else every unfollowed interval. Assumed until a write says otherwise.
-    followed: bool = True
+    # The api processes that follow its events (the record's `watched`, as TAKE and then each APPEND
+    # read it, and the follow notices): its tokens also go out live to each (conveyor/worker/coalesce.py).
+    followers: set[str] = field(default_factory=set)
+
+    @property
+    def followed(self) -> bool:
+        return bool(self.followers)
 
     @property
     def next_index(self) -> int:

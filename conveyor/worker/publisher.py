@@ -1,15 +1,22 @@
 """Turns a step's events into Redis writes: one pipeline per step, never one round trip per token, and
 one APPEND call per step on one node (per hash slot on a cluster), never one per token or per job.
 
-Every event goes through the APPEND script, which writes only while this worker owns the job (the
-record's `worker` field): a worker that lost a job to another — it hung past its lease — learns so
-at its next write and stops, and can never interleave its events with the new owner's. A job's
-entry in its jobs stream is acknowledged (and deleted) only after its final record is written.
+Two paths (conveyor/worker/coalesce.py). Durable: every event goes through the APPEND script, which
+writes only while this worker owns the job (the record's `worker` field): a worker that lost a job to
+another — it hung past its lease — learns so at its next write and stops, and can never interleave
+its events with the new owner's. A job's entry in its jobs stream is acknowledged (and deleted) only
+after its final record is written. Live: the tokens of followed jobs are published after the APPEND
+calls of the same pipeline, one message per api process that follows any of them (Keys.live), so
+whatever a step writes to an event stream is there before its live message reaches a relay (which
+fills a gap from the stream). The live path is not fenced: a worker that lost a job publishes it
+until its next durable write or lease renewal says so, and the relays drop what they have by index
+(docs/operations/reliability.md).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -19,6 +26,7 @@ from redis.crc import key_slot
 
 from conveyor.jobqueue.client import cluster_of
 from conveyor.jobqueue.keys import DEAD_LETTER_MAXLEN, WORKER_GROUP, Keys, event_entry_id
+from conveyor.jobqueue.pubsub.publish import publish_to_followers
 from conveyor.jobqueue.queue import Entry, EntryRef, by_stream
 from conveyor.jobqueue.scripts.worker import Scripts
 from conveyor.wire.event_batch import dump_events
@@ -53,9 +61,11 @@ class Publisher:
         self.maxlen = event_stream_maxlen
         self.cluster = cluster_of(redis)
 
-    async def publish(self, items: list[tuple[InFlight, JobEvent]]) -> Published:
+    async def publish(self, items: list[tuple[InFlight, JobEvent]],
+                      live: Sequence[tuple[InFlight, JobEvent]] = ()) -> Published:
         """Writes events — a job's consecutive ones as one batch — in one pipeline (one APPEND call per
-        node script group), then acknowledges the jobs that ended."""
+        node script group), then the live ones (one message per job), then acknowledges the jobs that
+        ended."""
         now = time.time()
         batches: dict[str, tuple[InFlight, list[JobEvent]]] = {}
         for job, event in items:
@@ -69,12 +79,23 @@ class Publisher:
                 event.result.timings = job.timings(now)
             batches.setdefault(job.job_id, (job, []))[1].append(event)
         groups = self._groups(list(batches.values()))
+        live_batches: dict[str, tuple[InFlight, list[JobEvent]]] = {}
+        for job, event in live:
+            if event.result is not None and event.result.timings is None:
+                event.result.timings = job.timings(now)
+            live_batches.setdefault(job.job_id, (job, []))[1].append(event)
+        messages: dict[str, dict[str, str]] = {}  # follower → {job id: events}: one message per api
+        for job, events in live_batches.values():
+            batch = dump_events(events)
+            for follower in job.followers:
+                messages.setdefault(follower, {})[job.job_id] = batch
 
         def build(pipe: Pipeline) -> None:
             for group in groups:
                 self._append(pipe, group, now)
+            publish_to_followers(pipe, self.keys, messages)
 
-        results = await self.scripts.execute(build)
+        results = (await self.scripts.execute(build))[: len(groups)]
         out = Published()
         finals: list[tuple[InFlight, JobResult]] = []
         for group, reply in zip(groups, results, strict=True):
@@ -82,7 +103,7 @@ class Publisher:
                 raise reply
             codes, followed = reply
             for (job, events), code, watched in zip(group, codes, followed, strict=True):
-                job.followed = watched == 1
+                job.followers.update(watched.split())  # marks are only ever added
                 if code == 0:
                     out.lost.append(job)
                 elif events[-1].final:
@@ -113,8 +134,8 @@ class Publisher:
             last, result = events[-1], events[-1].result
             first = any(e.token is not None and e.index == 0 for e in events)  # the first-token milestone
             keys += [self.keys.job(job.job_id), self.keys.events(job.job_id)]
-            args += [event_entry_id(last.index), dump_events(events), self.keys.channel(job.job_id),
-                     int(first), int(last.final), result.status.value if result else "",
+            args += [event_entry_id(last.index), dump_events(events), int(first), int(last.final),
+                     result.status.value if result else "",
                      result.model_dump_json(exclude_none=True) if result else "", last.index]
         self.scripts.call(pipe, "append", keys, args)
 

@@ -130,8 +130,8 @@ class Worker:
         publisher = self._publishing = PublishLoop(
             self.publisher, self.owned, self._outputs, reader.room, self._lose, self.outage_cap,
             self.metrics.redis_error, self.settings.stream_interval_ms / 1000,
-            self.settings.unfollowed_interval_ms / 1000)
-        control = ControlLoop(self.redis, self.keys, self.owned, self._thread)
+            self.settings.durable_interval_ms / 1000)
+        control = ControlLoop(self.redis, self.keys, self.owned, self._thread, publisher.followed)
         leases = LeaseLoop(self.lease, self.owned, self._thread, control, reader.admit, self.info,
                            self.observer, self._lose, self._is_draining,
                            self.settings.heartbeat_interval_ms / 1000, self.affinity)

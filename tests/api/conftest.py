@@ -14,8 +14,10 @@ import pytest
 from redis import Redis
 
 from conveyor.jobqueue.keys import Keys
+from conveyor.jobqueue.pubsub.publish import publish_to_followers
 from conveyor.launcher.redis_server import EmbeddedRedis
 from conveyor.wire.heartbeat import WorkerInfo
+from conveyor.wire.job import RecordField
 from tests.conftest import RunningService, start_service, stop_service, sync_client
 from tests.receiver import Receiver
 
@@ -55,6 +57,15 @@ def redis_of(service: RunningService) -> Redis:
 
 def keys_of(service: RunningService) -> Keys:
     return Keys(service.env["CONVEYOR_KEY_PREFIX"])
+
+
+def publish_as_worker(redis: Redis, keys: Keys, job_id: str, batch: str) -> None:
+    """A job's events (dump_events' JSON) published live as its worker does: to each api process that
+    follows it (the record's `watched`), none if nobody does."""
+    followers = (redis.hget(keys.job(job_id), RecordField.WATCHED) or "").split()
+    pipe = redis.pipeline(transaction=False)
+    publish_to_followers(pipe, keys, {follower: {job_id: batch} for follower in followers})
+    pipe.execute()
 
 
 def blocks_used(service: RunningService) -> int:

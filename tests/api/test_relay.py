@@ -17,16 +17,22 @@ from conveyor.wire.job import EventToken, JobEvent, JobResult, JobStatus, Record
 from conveyor.worker.publisher import InFlight, Publisher
 
 KEYS = Keys("relaytest")
+API = "relay-test"  # the relays' process id here: the follower the tests' jobs name
 
 
 def worker_publisher(redis) -> Publisher:  # type: ignore[no-untyped-def]
     return Publisher(redis, KEYS, "w1", Scripts(redis), result_ttl=60, event_stream_maxlen=1000)
 
 
+async def emit(publisher: Publisher, items: list[tuple[InFlight, JobEvent]]) -> None:
+    """A followed job's events as a worker whose intervals are 0 sends them: written, then live."""
+    await publisher.publish(items, items)
+
+
 async def owned(redis, job_id: str) -> InFlight:  # type: ignore[no-untyped-def]
     """A job as a worker holds it: the record names the worker, which alone may publish its events."""
     await redis.hset(KEYS.job(job_id), RecordField.WORKER, "w1")
-    return InFlight(job_id, entry_id="0-1", created_at=0.0)
+    return InFlight(job_id, entry_id="0-1", created_at=0.0, followers={API})
 
 
 def token_event(i: int, final: bool = False) -> JobEvent:
@@ -55,17 +61,17 @@ async def collect(relay: Relay, job_id: str, after: int = -1,
 
 async def test_backlog_then_live_without_gap_or_duplicate(redis) -> None:  # type: ignore[no-untyped-def]
     publisher = worker_publisher(redis)
-    relay = Relay(redis, KEYS)
+    relay = Relay(redis, KEYS, api_id=API)
     await relay.start()
     try:
         job = await owned(redis, "j1")
-        await publisher.publish([(job, token_event(i)) for i in range(3)])  # before the client
+        await emit(publisher, [(job, token_event(i)) for i in range(3)])  # before the client
         seen: list[int] = []
         reader = asyncio.create_task(collect(relay, "j1", into=seen))
         await wait_until(lambda: seen == [0, 1, 2])  # the backlog is read: the client takes live events now
         assert relay.subscribed("j1")
         for i in range(3, 10):
-            await publisher.publish([(job, token_event(i, final=i == 9))])
+            await emit(publisher, [(job, token_event(i, final=i == 9))])
         events = await asyncio.wait_for(reader, 10)
         assert [e.index for e in events] == list(range(10))
         assert events[-1].final and events[-1].result is not None
@@ -77,11 +83,11 @@ async def test_backlog_then_live_without_gap_or_duplicate(redis) -> None:  # typ
 
 async def test_resume_after_k_also_after_the_job_finished(redis) -> None:  # type: ignore[no-untyped-def]
     publisher = worker_publisher(redis)
-    relay = Relay(redis, KEYS)
+    relay = Relay(redis, KEYS, api_id=API)
     await relay.start()
     try:
         job = await owned(redis, "j2")
-        await publisher.publish([(job, token_event(i, final=i == 5)) for i in range(6)])
+        await emit(publisher, [(job, token_event(i, final=i == 5)) for i in range(6)])
         events = await asyncio.wait_for(collect(relay, "j2", after=2), 10)
         assert [e.index for e in events] == [3, 4, 5]
         assert (relay.stats.replayed, relay.stats.live) == (3, 0)
@@ -95,13 +101,13 @@ async def test_resume_after_k_also_after_the_job_finished(redis) -> None:  # typ
 
 async def test_last_event_id_past_the_end_of_a_running_job_is_refused(redis) -> None:  # type: ignore[no-untyped-def]
     publisher = worker_publisher(redis)
-    relay = Relay(redis, KEYS)
+    relay = Relay(redis, KEYS, api_id=API)
     await relay.start()
     try:
         with pytest.raises(ValidationError, match="none yet"):
             await relay.check_resume("j4", 999_999_999_999)
         job = await owned(redis, "j4")
-        await publisher.publish([(job, token_event(i)) for i in range(4)])
+        await emit(publisher, [(job, token_event(i)) for i in range(4)])
         await relay.check_resume("j4", 3)  # the last event: fine, the client waits for more
         for after in (4, 999_999_999_999, 2**80):
             with pytest.raises(ValidationError, match="its last index is 3") as refused:
@@ -119,7 +125,7 @@ async def test_slow_client_catches_up_from_the_stream(redis, monkeypatch) -> Non
 
     monkeypatch.setattr(pubsub_module, "CLIENT_BUFFER", 2)
     publisher = worker_publisher(redis)
-    relay = Relay(redis, KEYS)
+    relay = Relay(redis, KEYS, api_id=API)
     await relay.start()
     published = asyncio.Event()
 
@@ -137,10 +143,10 @@ async def test_slow_client_catches_up_from_the_stream(redis, monkeypatch) -> Non
         job = await owned(redis, "j3")
         reader = asyncio.create_task(slow_reader())
         await wait_until(lambda: relay.subscribed("j3"))
-        await publisher.publish([(job, token_event(0))])
+        await emit(publisher, [(job, token_event(0))])
         await wait_until(lambda: relay.stats.live + relay.stats.replayed == 1)
         for i in range(1, 20):
-            await publisher.publish([(job, token_event(i, final=i == 19))])
+            await emit(publisher, [(job, token_event(i, final=i == 19))])
         published.set()
         assert await asyncio.wait_for(reader, 10) == list(range(20))
         assert relay.stats.resyncs >= 1 and relay.stats.replayed >= 17  # the overflow path ran
@@ -152,7 +158,7 @@ async def test_a_final_event_written_between_the_backlogs_two_reads_is_delivered
     """The backlog reads after the client's index, then the stream's tail: a short job that ends
     between the two reads must not look ended to a client that never saw its events."""
     publisher = worker_publisher(redis)
-    relay = Relay(redis, KEYS)
+    relay = Relay(redis, KEYS, api_id=API)
     job = await owned(redis, "j-race")
     real_xrange = redis.xrange
     raced = []
@@ -161,7 +167,7 @@ async def test_a_final_event_written_between_the_backlogs_two_reads_is_delivered
         entries = await real_xrange(*args, **kwargs)
         if not raced:  # the first read finds nothing; the job writes all of it right after
             raced.append(True)
-            await publisher.publish([(job, token_event(i, final=i == 2)) for i in range(3)])
+            await emit(publisher, [(job, token_event(i, final=i == 2)) for i in range(3)])
         return entries
 
     redis.xrange = xrange_then_the_job_ends
@@ -174,7 +180,7 @@ async def test_a_job_run_whole_between_the_tail_read_and_the_record_read_is_not_
     record's final event is there, but so are the per-token events, and a client gets all of them
     (a TGI stream renders a token-less final event as an error)."""
     publisher = worker_publisher(redis)
-    relay = Relay(redis, KEYS)
+    relay = Relay(redis, KEYS, api_id=API)
     job = await owned(redis, "j-whole")
     real_xrevrange = redis.xrevrange
     raced = []
@@ -183,7 +189,7 @@ async def test_a_job_run_whole_between_the_tail_read_and_the_record_read_is_not_
         entries = await real_xrevrange(*args, **kwargs)
         if not raced:
             raced.append(True)
-            await publisher.publish([(job, token_event(i, final=i == 2)) for i in range(3)])
+            await emit(publisher, [(job, token_event(i, final=i == 2)) for i in range(3)])
         return entries
 
     redis.xrevrange = tail_then_the_job_runs
@@ -196,7 +202,7 @@ async def test_keepalives_off_with_zero_and_on_otherwise(redis) -> None:  # type
     """sse_keepalive_s=0 (for clients such as `vllm bench serve` that choke on a lone comment): a silent
     stream yields no keep-alive pause, while a relay at 0.05 s yields some in the same silence."""
     publisher = worker_publisher(redis)
-    off, on = Relay(redis, KEYS, keepalive_s=0), Relay(redis, KEYS, keepalive_s=0.05)
+    off, on = Relay(redis, KEYS, api_id=API, keepalive_s=0), Relay(redis, KEYS, api_id=API, keepalive_s=0.05)
     await off.start()
     await on.start()
     try:
@@ -211,10 +217,31 @@ async def test_keepalives_off_with_zero_and_on_otherwise(redis) -> None:  # type
         readers = [asyncio.create_task(raw(off, silent_off)), asyncio.create_task(raw(on, silent_on))]
         await wait_until(lambda: off.subscribed("j-ka") and on.subscribed("j-ka"))
         await wait_until(lambda: silent_on.count(None) >= 3)  # the silence lasted 3 keep-alive intervals
-        await publisher.publish([(job, token_event(0, final=True))])
+        await emit(publisher, [(job, token_event(0, final=True))])
         await asyncio.wait_for(asyncio.gather(*readers), 10)
         assert [e.index for e in silent_off if e is not None] == [0]
         assert None not in silent_off
     finally:
         await off.stop()
         await on.stop()
+
+
+async def test_an_end_never_published_live_is_found_at_the_next_keepalive(redis) -> None:  # type: ignore[no-untyped-def]
+    """Whatever reached the event stream but not the relay's channel (an api that ended a queued job
+    and died before its publish) ends the stream anyway: a client with nothing live for a keep-alive
+    period looks at the stream."""
+    publisher = worker_publisher(redis)
+    relay = Relay(redis, KEYS, api_id=API, keepalive_s=0.2)
+    await relay.start()
+    try:
+        job = await owned(redis, "j9")
+        await emit(publisher, [(job, token_event(0))])
+        seen: list[int] = []
+        reader = asyncio.create_task(collect(relay, "j9", into=seen))
+        await wait_until(lambda: seen == [0])
+        await publisher.publish([(job, token_event(1, final=True))])  # written, never published live
+        events = await asyncio.wait_for(reader, 10)
+        assert [e.index for e in events] == [0, 1] and events[-1].final
+        assert (relay.stats.replayed, relay.stats.live, relay.stats.resyncs) == (2, 0, 0)
+    finally:
+        await relay.stop()

@@ -2,7 +2,8 @@
 open on jobs in every primary's slots, one primary failed over by hand or SIGKILLed (its replica
 promoted). Every stream goes on to its final event with no gap and no duplicate, and the relay ends
 up connected to the primaries alone. Events are written as a worker writes them (XADD to the job's
-event stream, then SPUBLISH). The first test needs no cluster: listeners moved between two
+event stream, then SPUBLISH to the relay's process channel, Keys.live); the faulted primary is the
+one that serves that channel. The first test needs no cluster: listeners moved between two
 connections."""
 
 from __future__ import annotations
@@ -25,14 +26,16 @@ from conveyor.jobqueue.pubsub.subscriptions import Listener, Signal, Subscriptio
 from conveyor.launcher.redis_cluster import LocalCluster
 from conveyor.launcher.redis_server import EmbeddedRedis
 from conveyor.settings import Settings
+from conveyor.wire.event_batch import dump_live
 from tests.api.test_relay import collect, wait_until
 from tests.api.test_relay_faults import event
 
 KEYS = Keys("relayfailover")
 JOBS = [f"j{i}" for i in range(12)]
+API = "relay-test"  # the relay's process id: its channel is KEYS.live(API)
 
 
-async def write(redis: Redis, job_id: str, indices: range, final_at: int = -1) -> None:
+async def write(redis: Redis, job_id: str, indices: range, final_at: int = -1, follower: str = API) -> None:
     """Each event as the worker writes it, retried while the cluster fails over (as the worker's
     outage handling does); an event is never written twice (its entry id is its index)."""
     for i in indices:
@@ -42,7 +45,7 @@ async def write(redis: Redis, job_id: str, indices: range, final_at: int = -1) -
             try:
                 if not await redis.xrange(KEYS.events(job_id), min=event_entry_id(i), max=event_entry_id(i)):
                     await redis.xadd(KEYS.events(job_id), {"e": data}, id=event_entry_id(i))
-                await redis.spublish(KEYS.channel(job_id), data)
+                await redis.spublish(KEYS.live(follower), dump_live({job_id: f"[{data}]"}))
                 break
             except RedisError:
                 if time.monotonic() > deadline:
@@ -82,7 +85,7 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
 
 @pytest.fixture
 async def relay(cluster: LocalCluster) -> AsyncIterator[Relay]:
-    relay = Relay(api_redis(Settings(redis_url=cluster.url)), KEYS)
+    relay = Relay(api_redis(Settings(redis_url=cluster.url)), KEYS, api_id=API)
     await relay.start()
     yield relay
     await relay.stop()
@@ -113,7 +116,7 @@ def primaries_of(relay: Relay) -> set[str]:
 
 async def test_streams_follow_a_manual_failover(cluster: LocalCluster, relay: Relay) -> None:
     _seen, readers = await streams_under_way(relay)
-    owner = cluster.owner_of(KEYS.channel(JOBS[0]))
+    owner = cluster.owner_of(relay.live_channel)
     promoted = cluster.replica_of(owner)
     await asyncio.to_thread(cluster.failover, promoted)  # the old primary sunsubscribes its channels
     await streams_end(relay, readers)
@@ -125,7 +128,7 @@ async def test_streams_follow_a_manual_failover(cluster: LocalCluster, relay: Re
 async def test_streams_follow_a_primary_killed_and_its_replica_promoted(
         cluster: LocalCluster, relay: Relay) -> None:
     _seen, readers = await streams_under_way(relay)
-    owner = cluster.owner_of(KEYS.channel(JOBS[0]))
+    owner = cluster.owner_of(relay.live_channel)
     promoted = cluster.replica_of(owner)
     with cluster.client(owner) as client:
         client.execute_command("WAIT", 1, 5000)  # replication is asynchronous: nothing in flight
@@ -144,19 +147,26 @@ async def test_streams_follow_a_primary_killed_and_its_replica_promoted(
 
 
 async def test_a_subscription_refused_with_moved_goes_to_the_node_that_serves_it(
-        cluster: LocalCluster, relay: Relay) -> None:
+        cluster: LocalCluster) -> None:
     """A channel routed by a stale slot map: the node answers SSUBSCRIBE with MOVED, the relay reads
     the topology again and subscribes the channel where its slot is; the stream misses nothing."""
+    relay = Relay(api_redis(Settings(redis_url=cluster.url)), KEYS, api_id="stale")
     subscriptions = relay.subscriptions
     assert isinstance(subscriptions, ShardedSubscriptions)
-    channel = KEYS.channel("stale")
-    owner = f"127.0.0.1:{cluster.owner_of(channel).port}"
-    subscriptions._routes[channel] = next(name for name in subscriptions._nodes if name != owner)
-    reader = asyncio.create_task(collect(relay, "stale"))
-    await wait_until(lambda: subscriptions._routes.get(channel) == owner and relay.subscribed("stale"))
-    await write(relay.redis, "stale", range(3), final_at=2)
-    assert [e.index for e in await asyncio.wait_for(reader, 30)] == [0, 1, 2]
-    assert subscriptions.refreshes >= 1
+    await subscriptions.start()  # as Relay.start, with the process channel's route made stale first
+    try:
+        channel = relay.live_channel
+        owner = f"127.0.0.1:{cluster.owner_of(channel).port}"
+        subscriptions._routes[channel] = next(name for name in subscriptions._nodes if name != owner)
+        await subscriptions.add(channel, relay.router)
+        reader = asyncio.create_task(collect(relay, "stale"))
+        await wait_until(lambda: subscriptions._routes.get(channel) == owner and relay.subscribed("stale"))
+        await write(relay.redis, "stale", range(3), final_at=2, follower="stale")
+        assert [e.index for e in await asyncio.wait_for(reader, 30)] == [0, 1, 2]
+        assert subscriptions.refreshes >= 1
+    finally:
+        await relay.stop()
+        await relay.redis.aclose()
 
 
 async def test_a_topology_read_older_than_the_move_is_read_again(
@@ -167,7 +177,7 @@ async def test_a_topology_read_older_than_the_move_is_read_again(
     and the channel is subscribed there again, its listeners told RESYNC. The stream misses nothing."""
     subscriptions = relay.subscriptions
     assert isinstance(subscriptions, ShardedSubscriptions)
-    channel = KEYS.channel("held")
+    channel = relay.live_channel
     reader = asyncio.create_task(collect(relay, "held"))
     await wait_until(lambda: relay.subscribed("held"))
     await write(relay.redis, "held", range(2))

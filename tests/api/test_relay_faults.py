@@ -21,12 +21,14 @@ from conveyor.api.redis_pool import api_redis
 from conveyor.jobqueue.keys import Keys, event_entry_id
 from conveyor.launcher.redis_server import EmbeddedRedis
 from conveyor.settings import Settings
-from conveyor.wire.job import EventToken, JobEvent, JobResult, JobStatus
+from conveyor.wire.event_batch import dump_live
+from conveyor.wire.job import EventToken, JobEvent, JobResult, JobStatus, RecordField
 from tests.api.conftest import auth, keys_of
 from tests.api.test_relay import collect, wait_until
 from tests.conftest import RunningService, start_service, stop_service
 
 KEYS = Keys("relayfaults")
+API = "relay-test"  # the relays' process id here: the channel the tests publish to
 
 
 def event(i: int, final: bool = False) -> str:
@@ -36,15 +38,15 @@ def event(i: int, final: bool = False) -> str:
 
 
 async def write(redis: Redis, job_id: str, indices: range, final_at: int = -1, live: bool = True,
-                keys: Keys = KEYS) -> None:
-    """Events as the worker writes them; `live=False` leaves out the PUBLISH (what a relay that was
-    not connected would have missed)."""
+                keys: Keys = KEYS, follower: str = API) -> None:
+    """Events as the worker writes them, live to the api process `follower`; `live=False` leaves out
+    the PUBLISH (what a relay that was not connected would have missed)."""
     for i in indices:
         data = event(i, final=i == final_at)
         pipe = redis.pipeline(transaction=False)
         pipe.xadd(keys.events(job_id), {"e": data}, id=event_entry_id(i))
         if live:
-            pipe.publish(keys.channel(job_id), data)
+            pipe.publish(keys.live(follower), dump_live({job_id: f"[{data}]"}))
         await pipe.execute()
 
 
@@ -87,7 +89,7 @@ def kill(server: EmbeddedRedis) -> None:
 
 async def test_a_stream_resumes_after_redis_restarts(server: EmbeddedRedis) -> None:
     redis = client(server)
-    relay = Relay(redis, KEYS, outage_timeout=120)
+    relay = Relay(redis, KEYS, api_id=API, outage_timeout=120)
     await relay.start()
     seen: list[int] = []
     reader = asyncio.create_task(collect(relay, "r1", into=seen))
@@ -114,7 +116,7 @@ async def test_a_stream_resumes_after_redis_restarts(server: EmbeddedRedis) -> N
 async def test_an_outage_past_the_timeout_ends_the_stream_and_the_relay_recovers(
         server: EmbeddedRedis) -> None:
     redis = client(server)
-    relay = Relay(redis, KEYS, outage_timeout=1.0)
+    relay = Relay(redis, KEYS, api_id=API, outage_timeout=1.0)
     await relay.start()
     reader = asyncio.create_task(collect(relay, "r2"))
     try:
@@ -144,7 +146,7 @@ async def test_a_paused_redis_is_noticed_and_the_stream_ends_with_an_error(
     for name in ("PING_S", "PONG_TIMEOUT_S", "SOCKET_TIMEOUT_S"):
         monkeypatch.setattr(pubsub_module, name, 0.3)
     redis = client(server)
-    relay = Relay(redis, KEYS, outage_timeout=1.0)
+    relay = Relay(redis, KEYS, api_id=API, outage_timeout=1.0)
     await relay.start()
     reader = asyncio.create_task(collect(relay, "r5"))
     assert server.process is not None
@@ -169,7 +171,7 @@ async def test_the_relay_stops_while_its_redis_is_paused(server: EmbeddedRedis) 
     """A shutdown (SIGTERM in a rolling update) while Redis does not answer: stop() returns rather
     than wait on the paused server (conveyor/jobqueue/pubsub/shutdown.py)."""
     redis = client(server)
-    relay = Relay(redis, KEYS, outage_timeout=60.0)
+    relay = Relay(redis, KEYS, api_id=API, outage_timeout=60.0)
     await relay.start()
     reader = asyncio.create_task(collect(relay, "r7"))
     assert server.process is not None
@@ -215,21 +217,23 @@ async def test_an_api_streams_through_a_redis_restart_and_serves_on(
                     if line.startswith("id:"):
                         seen.append(int(line[3:]))
 
-        async def subscribed() -> bool:
-            [(_channel, listeners)] = await redis.pubsub_numsub(keys.channel(job_id))
+        async def subscribed() -> bool:  # the record names its follower, whose channel is subscribed
+            follower = await redis.hget(keys.job(job_id), RecordField.WATCHED)
+            [(_channel, listeners)] = await redis.pubsub_numsub(keys.live(follower or "-"))
             return listeners > 0
 
         reader = asyncio.create_task(follow())
         try:
             await poll(subscribed)
-            await write(redis, job_id, range(3), keys=keys)
+            follower = await redis.hget(keys.job(job_id), RecordField.WATCHED)
+            await write(redis, job_id, range(3), keys=keys, follower=follower)
             await wait_until(lambda: seen == [0, 1, 2])
             kill(server)
             await write_elsewhere(server, job_id, range(3, 6), keys=keys)
             server.start()
             await wait_until(lambda: seen == list(range(6)), timeout=60)
             await poll(subscribed)  # subscribed anew, so the rest comes live
-            await write(redis, job_id, range(6, 10), final_at=9, keys=keys)
+            await write(redis, job_id, range(6, 10), final_at=9, keys=keys, follower=follower)
             await asyncio.wait_for(reader, 60)
             assert seen == list(range(10))  # every index once, in order
             assert (await http.get(f"/v1/jobs/{job_id}")).status_code == 200

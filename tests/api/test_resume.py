@@ -9,7 +9,7 @@ import httpx
 
 from conveyor.jobqueue.keys import event_entry_id
 from conveyor.wire.job import EventToken, JobEvent, JobResult, JobStatus
-from tests.api.conftest import auth, keys_of, redis_of
+from tests.api.conftest import auth, keys_of, publish_as_worker, redis_of
 from tests.api.sse import events
 
 BODY = {"inputs": "Hello", "parameters": {"max_new_tokens": 5}}
@@ -24,7 +24,7 @@ def write_events(service, job_id: str, indices: range, final_at: int = -1) -> No
             data = JobEvent(index=i, token=EventToken(id=i, text="x"), final=i == final_at,
                             result=result).model_dump_json(exclude_none=True)
             redis.xadd(keys.events(job_id), {"e": data}, id=event_entry_id(i))
-            redis.publish(keys.channel(job_id), data)
+            publish_as_worker(redis, keys, job_id, f"[{data}]")
 
 
 def open_events(service, job_id: str, last_event_id: int) -> httpx.Response:  # type: ignore[no-untyped-def]

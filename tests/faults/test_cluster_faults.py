@@ -8,8 +8,8 @@ complete (each fault is over well inside the relay's outage timeout: an error ev
 stream the relay failed to resume), no job record left without its queue entry, `/ready` true to what the
 api can do in every phase, and the same processes serve again afterwards.
 
-The faulted primary is the one serving the first followed job's live channel, so streams have to
-move with their slots."""
+The faulted primary is the one serving the live channel of the api process that follows the first
+followed job (Keys.live), so streams have to move with its slot."""
 
 from __future__ import annotations
 
@@ -187,7 +187,7 @@ def half_jobs(c: Cluster) -> list[str]:
 
 def run_fault(c: Cluster, name: str, fault: Callable[[EmbeddedRedis], None], outage: Callable[[], None],
               ready_watch: Callable[[Cluster], ReadyWatch], down: bool) -> None:
-    """The load; the fault, on the primary that serves the first followed job's live channel;
+    """The load; the fault, on the primary that serves the live channel of the first followed job's api;
     requests during it (`outage` ends it); /ready watched throughout (`down`: the cluster cannot
     serve for a while, so /ready must say so); then every check."""
     c.top_up(2)
@@ -195,7 +195,8 @@ def run_fault(c: Cluster, name: str, fault: Callable[[EmbeddedRedis], None], out
     load = start_load(c)
     ended_at = when_ended(load)
     watch = ready_watch(c)
-    fault(nodes(c).owner_of(c.keys.channel(next(iter(load.followed_jobs.values())))))
+    followed = c.record(next(iter(load.followed_jobs.values())))[RecordField.WATCHED]
+    fault(nodes(c).owner_of(c.keys.live(followed.split()[0])))  # the api's live channel
     probes = probe_during(c, load.polled[0], outage)
     watch.steady()  # and after the fault, until the api has settled
     for job_id in watch.jobs:  # before `recovered` counts what is left in the queue

@@ -12,7 +12,7 @@ import redis
 from redis import exceptions as rx
 
 from conveyor.jobqueue.keys import event_entry_id
-from conveyor.jobqueue.scripts.worker import append
+from conveyor.jobqueue.scripts.worker import APPEND
 from conveyor.launcher.redis_server import EmbeddedRedis
 from conveyor.wire.job import RecordField as F
 
@@ -27,13 +27,13 @@ def server():  # type: ignore[no-untyped-def]
 
 
 def test_only_a_duplicate_is_already_there_and_oom_is_an_error(server: redis.Redis) -> None:
-    script = server.register_script(append("PUBLISH").source)
+    script = server.register_script(APPEND.source)
     server.hset("job", F.WORKER, "w1")
 
     def call(index: int, worker: str = "w1") -> int:
         event = f'[{{"index":{index}}}]'
         args = [worker, 1000, 1.0, 60, 60,
-                event_entry_id(index), event, "channel", int(index == 0), 0, "", "", index]
+                event_entry_id(index), event, int(index == 0), 0, "", "", index]
         [[code], _] = script(keys=["job", "events"], args=args)
         return code
 
@@ -53,28 +53,29 @@ def test_only_a_duplicate_is_already_there_and_oom_is_an_error(server: redis.Red
     assert [entry_id for entry_id, _ in server.xrange("events")] == [event_entry_id(0), event_entry_id(1)]
 
 
-def test_one_call_writes_several_jobs_and_publishes_only_watched_ones(server: redis.Redis) -> None:
-    """One call per step: each job's ownership checked on its own, a lost job's batch not written, and
-    the live publish only for a job an api follows (the record's `watched`), which the call tells the
-    worker (its interval for the job: conveyor/worker/coalesce.py)."""
-    script = server.register_script(append("PUBLISH").source)
+def test_one_call_writes_several_jobs_and_says_which_are_followed(server: redis.Redis) -> None:
+    """One call per step: each job's ownership checked on its own, a lost job's batch not written,
+    and whether an api follows each job (the record's `watched`), which the worker's live path needs
+    (conveyor/worker/coalesce.py). The script publishes nothing: live messages are the publisher's."""
+    script = server.register_script(APPEND.source)
     server.hset("a", F.WORKER, "w1")
     server.hset("b", mapping={F.WORKER: "w1", F.WATCHED: "1"})
     server.hset("c", F.WORKER, "w2")  # taken over by another worker
-    listener = server.pubsub()
-    listener.subscribe("ch-a", "ch-b", "ch-c")
-    for _ in range(3):
-        listener.get_message(timeout=5)  # the subscribe confirmations
 
-    def job(name: str) -> list[object]:
-        return [event_entry_id(1), '[{"index":0},{"index":1}]', f"ch-{name}", 1, 0, "", "", 1]
+    def published() -> object:
+        return server.info("commandstats").get("cmdstat_publish")
+
+    before = published()
+
+    def job() -> list[object]:
+        return [event_entry_id(1), '[{"index":0},{"index":1}]', 1, 0, "", "", 1]
 
     codes, followed = script(keys=["a", "a-events", "b", "b-events", "c", "c-events"],
-                             args=["w1", 1000, 1.0, 60, 60, *job("a"), *job("b"), *job("c")])
+                             args=["w1", 1000, 1.0, 60, 60, *job(), *job(), *job()])
     assert codes == [WRITTEN, WRITTEN, NOT_OWNER]
-    assert followed[:2] == [0, 1]
+    assert followed == ["", "1", ""]
     assert (server.xlen("a-events"), server.xlen("b-events"), server.exists("c-events")) == (1, 1, 0)
-    heard = [m["channel"] for m in iter(lambda: listener.get_message(timeout=1), None)]
-    assert heard == ["ch-b"]
+    assert server.hget("a", F.FIRST_TOKEN_AT) == "1.0"  # the first-token milestone
+    assert published() == before
     with pytest.raises(rx.ResponseError, match="arguments per job"):
         script(keys=["a", "a-events"], args=["w1", 1000, 1.0, 60, 60])

@@ -1,6 +1,7 @@
 """A job's events as Redis carries them (conveyor/wire/event_batch.py): a run of plain tokens as
 columns, anything else as an array, and every encoding read back to the same events — also the
-forms workers wrote before (a JSON object per event, an array with every field)."""
+forms workers wrote before (a JSON object per event, an array with every field); a live message
+carries several jobs' batches, each read back as it went in."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 
 import pytest
 
-from conveyor.wire.event_batch import dump_events, events_after, load_events
+from conveyor.wire.event_batch import dump_events, dump_live, events_after, load_events, load_live
 from conveyor.wire.job import (
     ChoiceResult,
     EventToken,
@@ -91,3 +92,16 @@ def test_events_after_drops_what_the_reader_has_across_encodings() -> None:
     assert [e.index for e in events_after(entries, 1)] == [2, 3, 4]
     assert [e.index for e in events_after(entries, 3)] == [4]
     assert events_after(entries, 4) == []
+
+
+def test_a_live_message_carries_each_jobs_batch_in_every_encoding() -> None:
+    one_object = plain(7).model_dump_json(exclude_none=True)
+    batches = {"a": [plain(0), plain(1, logprob=float("-inf"))], "b": [plain(3), final_event(4)]}
+    encoded = {job_id: dump_events(events) for job_id, events in batches.items()}
+    message = dump_live(encoded | {"c": one_object})
+    json.loads(message.replace("-Infinity", "0"))  # one JSON object (bar -Infinity, as in columns)
+    loaded = load_live(message)
+    assert list(loaded) == ["a", "b", "c"]
+    assert same(loaded["a"], batches["a"]) and same(loaded["b"], batches["b"])
+    assert same(loaded["c"], [plain(7)])
+    assert load_live(dump_live({})) == {}

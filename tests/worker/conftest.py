@@ -31,6 +31,8 @@ from conveyor.wire.job import JobEvent, JobResult, JobSpec, JobStatus, RecordFie
 from conveyor.worker.hung_tasks import awaited_chain
 from tests.readiness import await_until
 
+FOLLOWER = "tests-api"  # the api process that follows the jobs Jobs.submit submits followed
+
 REPO = Path(__file__).resolve().parents[2]
 # Test timing: a worker that misses its heartbeats for 2 s loses its jobs to the others.
 LEASE_MS = 2000
@@ -59,8 +61,10 @@ class Jobs:
     settings: Settings
 
     async def submit(self, spec: JobSpec, followed: bool = True) -> str:
-        """As a sync or streaming request does (followed), or an async job or Batch line (not)."""
-        await JobStore(self.redis, self.keys, self.settings).submit(spec, followed=followed)
+        """As a sync or streaming request does (followed, by the api process FOLLOWER, whose channel
+        is keys.live(FOLLOWER)), or an async job or Batch line (not)."""
+        store = JobStore(self.redis, self.keys, self.settings, follower=FOLLOWER)
+        await store.submit(spec, followed=followed)
         return spec.id
 
     async def record(self, job_id: str) -> dict[str, str]:

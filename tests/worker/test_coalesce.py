@@ -3,6 +3,8 @@ ones and which go out at once, by a clock the test moves."""
 
 from __future__ import annotations
 
+import math
+
 from conveyor.wire.job import EventToken, JobEvent, JobResult, JobStatus
 from conveyor.worker.coalesce import Coalescer
 from conveyor.worker.owned import InFlight
@@ -57,24 +59,18 @@ def test_drop_forgets_a_lost_job_and_take_all_empties() -> None:
     assert out(held.take_all()) == [("b", 1)] and len(held) == 0
 
 
-def test_an_unfollowed_job_waits_the_longer_interval_until_it_gains_a_follower() -> None:
-    held = Coalescer(interval_s=0.020, unfollowed_s=0.250)
-    async_job = InFlight("c", entry_id="0-3", created_at=0.0, followed=False)
-    held.step([(A, token(0)), (async_job, token(0))], now=0.0)  # first tokens go out at once, both
-    released: list[tuple[str, int]] = []
-    for i in range(1, 25):  # 10 ms steps
-        released += out(held.step([(A, token(i)), (async_job, token(i))], now=i * 0.010))
-    followed = [i for job, i in released if job == "a"]
-    unfollowed = [i for job, i in released if job == "c"]
-    assert followed and max(followed) >= 20  # the followed job went out every ~20 ms
-    assert unfollowed == []  # 240 ms: the unfollowed one still waits
-    held.drop("a")
-    assert held.next_due() == 0.010 + 0.250  # its token 1's wait
-    assert out(held.step([(async_job, token(25))], now=0.250)) == [("c", i) for i in range(1, 26)]
-    async_job.followed = True  # the next write said an api follows it now
-    held.step([(async_job, token(26))], now=0.260)
-    assert out(held.step([(async_job, token(27))], now=0.275)) == [("c", 26), ("c", 27)]
-
-
-def test_the_unfollowed_interval_is_never_shorter_than_the_stream_interval() -> None:
-    assert Coalescer(interval_s=0.100, unfollowed_s=0.050).unfollowed_s == 0.100
+def test_an_expedited_job_goes_out_at_the_next_step_or_at_once() -> None:
+    """A relay that started following a job needs what the worker holds in the event stream now
+    (PublishLoop.followed): its held events go out at the next step, or at once with no step."""
+    durable = Coalescer(interval_s=0.250)
+    durable.step([(A, token(0)), (B, token(0))], now=0.0)
+    for i in range(1, 5):  # 10 ms steps: both wait the 250 ms
+        assert out(durable.step([(A, token(i)), (B, token(i))], now=i * 0.010)) == []
+    durable.expedite("a")
+    durable.expedite("gone")  # a job it holds nothing of: nothing to do
+    assert out(durable.step([(A, token(5)), (B, token(5))], now=0.050)) == [("a", i) for i in range(1, 6)]
+    assert durable.next_due() == 0.010 + 0.250  # b still waits its interval
+    durable.step([(A, token(6))], now=0.060)
+    durable.expedite("a")
+    assert durable.next_due() == -math.inf  # due now: the publish loop wakes without a step
+    assert out(durable.due(now=0.061)) == [("a", 6)]

@@ -11,9 +11,12 @@ import time
 import pytest
 
 from conveyor.api.jobpath.store import JobStore
+from conveyor.jobqueue.client import cluster_of
 from conveyor.jobqueue.keys import WORKER_GROUP
+from conveyor.wire.event_batch import load_live
 from conveyor.wire.job import JobStatus, RecordField
 from conveyor.worker.faults import CRASH_EXIT_CODE, CRASH_ON_TOKEN_ENV
+from tests.worker.conftest import FOLLOWER
 
 pytestmark = pytest.mark.slow
 
@@ -22,12 +25,19 @@ PROMPT = [101, 2024, 318, 257, 1332, 13]
 
 @pytest.mark.parametrize("followed", [True, False], ids=["followed", "unfollowed"])
 async def test_sigkill_mid_generation_resumes_on_another_worker(fleet, make_spec, followed: bool) -> None:  # type: ignore[no-untyped-def]
-    """Also for a job nobody follows, whose events the worker writes every unfollowed interval (50 ms
-    here, so the kill lands mid-job on a fast CPU too): the next owner computes again what was lost."""
-    fleet.start("w0", "w1", CONVEYOR_UNFOLLOWED_INTERVAL_MS="50")
+    """The worker writes the job's events every durable interval (50 ms here, so the kill lands mid-job
+    on a fast CPU too): the next owner computes again what was lost. A followed job's tokens also went
+    out live, mostly ahead of the stream: what a live subscriber saw, from either owner, equals an
+    uninterrupted run."""
+    fleet.start("w0", "w1", CONVEYOR_DURABLE_INTERVAL_MS="50")
     await fleet.wait_ready()
     n = 600
-    job_id = await fleet.submit(make_spec(PROMPT, max_new_tokens=n), followed=followed)
+    spec = make_spec(PROMPT, max_new_tokens=n)
+    sharded = cluster_of(fleet.redis)  # the worker SPUBLISHes on a cluster
+    live = fleet.redis.pubsub()
+    await (live.ssubscribe if sharded else live.subscribe)(fleet.keys.live(FOLLOWER))
+    read = live.get_sharded_message if sharded else live.get_message
+    job_id = await fleet.submit(spec, followed=followed)
     assert (RecordField.WATCHED in await fleet.record(job_id)) is followed
     await fleet.wait_events(job_id, 100)
     victim = (await fleet.record(job_id))[RecordField.WORKER]
@@ -45,6 +55,18 @@ async def test_sigkill_mid_generation_resumes_on_another_worker(fleet, make_spec
     reference_events = await fleet.check_events(reference_id, n)
     assert [e.token.id for e in events] == [e.token.id for e in reference_events]  # type: ignore[union-attr]
     assert result.generated_text == reference.generated_text
+    seen: dict[int, int] = {}
+    while (message := await read(timeout=0.5)) is not None:
+        if message["type"] in ("message", "smessage"):
+            batch = load_live(message["data"]).get(spec.id, [])
+            seen |= {e.index: e.token.id for e in batch if e.token is not None}
+    await live.aclose()
+    if followed:  # the next owner published live from the last event written on (the ones before it
+        # that the dead worker wrote but had not published yet, a relay reads from the stream)
+        assert set(range(written - 1, n)) <= set(seen), sorted(set(range(n)) - set(seen))
+    else:
+        assert seen == {}  # nothing live for a job nobody follows
+    assert all(seen[i] == reference_events[i].token.id for i in seen)  # type: ignore[union-attr]
     record = await fleet.record(job_id)
     assert (record[RecordField.WORKER], record[RecordField.ATTEMPTS]) == (survivor, "2")
     assert fleet.procs[victim].wait(5) == -signal.SIGKILL

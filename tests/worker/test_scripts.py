@@ -10,17 +10,16 @@ import hashlib
 
 from redis.asyncio import Redis
 
-from conveyor.jobqueue.pubsub.publish import live_publish_command
 from conveyor.jobqueue.scripts.worker import worker_scripts
 
 PROMPT = [101, 2024, 318, 257]
 N = 12
-SCRIPTS = len(worker_scripts("PUBLISH"))
+SCRIPTS = len(worker_scripts())
 
 
 def shas(redis: Redis) -> list[str]:
-    """The SHAs of the scripts as the worker loads them (with SPUBLISH on a cluster)."""
-    scripts = worker_scripts(live_publish_command(redis)).values()
+    """The SHAs of the scripts as the worker loads them."""
+    scripts = worker_scripts().values()
     return [hashlib.sha1(script.source.encode()).hexdigest() for script in scripts]
 
 

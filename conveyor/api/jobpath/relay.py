@@ -1,15 +1,20 @@
 """Relays a job's events to the SSE clients of this api process (docs/design.md §1 step 6).
 
-One pub/sub connection per process (conveyor/jobqueue/pubsub/subscriptions.py), demultiplexed
-in-process. A client subscribes first, then reads the durable event stream after its last index,
-then takes live events, deduplicating by index: pub/sub alone is at-most-once; the event stream
-makes the relay lossless and resumable. A client goes back to the durable stream after the last
-index it delivered whenever live events may have been missed: its bounded buffer overflowed (a slow
-client never blocks the others), an index was skipped, or the connection was lost and subscribed
-again (Redis restarted). Where the rest cannot be delivered without a gap, the stream raises
-StreamInterrupted, which the routes answer with an error event: never silence. A job that ended
-more than `replay_window` ago has no per-token events left: its replay is the one final event its
-record keeps (same index, the whole result), the one skip of indices that is not a gap.
+One pub/sub connection per process (conveyor/jobqueue/pubsub/subscriptions.py), subscribed to the
+process's own live channel (Keys.live: one message per worker step carries every job this process
+follows), demultiplexed in-process (conveyor/api/jobpath/live_router.py). A client registers first,
+then reads the durable event stream after its last index, then takes live events, deduplicating by
+index: pub/sub alone is at-most-once; the event stream makes the relay lossless and resumable. The
+worker writes the event stream less often than it publishes (every durable interval against every
+stream interval: conveyor/worker/coalesce.py), so live events run ahead of it: a client that may
+have missed some — its bounded buffer overflowed (a slow client never blocks the others), an index
+was skipped, or the connection was lost and subscribed again (Redis restarted) — asks the job's
+worker to write what it holds (the WATCH script's notice) and goes back to the event stream after
+the last index it delivered, whose next live message then finds the stream holding everything before
+it. Where the rest cannot be delivered without a gap, the stream raises StreamInterrupted, which the
+routes answer with an error event: never silence. A job that ended more than `replay_window` ago has
+no per-token events left: its replay is the one final event its record keeps (same index, the whole
+result), the one skip of indices that is not a gap.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -25,7 +31,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError
 
 from conveyor.api.errors import ValidationError
-from conveyor.jobqueue.keys import FOLLOWED, Keys, event_entry_id
+from conveyor.api.jobpath.live_router import LiveRouter
+from conveyor.jobqueue.keys import Keys, event_entry_id
 from conveyor.jobqueue.pubsub.sharded import subscriptions_for
 from conveyor.jobqueue.pubsub.subscriptions import Listener, Signal
 from conveyor.jobqueue.redis_errors import is_transient
@@ -37,6 +44,7 @@ KEEPALIVE_S = 15.0
 OUTAGE_TIMEOUT_S = 30.0  # a stream waits this long for a lost Redis to come back, then ends with an error
 RETRY_FIRST_S, RETRY_MAX_S = 0.05, 1.0  # backoff of a backlog read that Redis refused for a moment
 MAX_INDEX = 2**62  # entry ids are 0-(index+1): an index past this names no event
+DURABLE_WAIT_S = 1.25  # the default durable interval (250 ms) and a second for the step and round trips
 
 
 class StreamInterrupted(RedisConnectionError):
@@ -63,27 +71,37 @@ class Backlog:
 
 class Relay:
     def __init__(self, redis: Redis, keys: Keys, on_lag: Callable[[float], object] | None = None,
-                 keepalive_s: float = KEEPALIVE_S, outage_timeout: float = OUTAGE_TIMEOUT_S) -> None:
+                 keepalive_s: float = KEEPALIVE_S, outage_timeout: float = OUTAGE_TIMEOUT_S,
+                 durable_wait_s: float = DURABLE_WAIT_S, api_id: str | None = None) -> None:
         self.redis = redis
         self.keys = keys
+        # This process's name in the records it follows (`watched`) and its channel's: new each start,
+        # so a restarted api never receives what was meant for the process it replaced.
+        self.api_id = api_id or uuid.uuid4().hex[:12]
+        self.live_channel = keys.live(self.api_id)
         self.keepalive_s = keepalive_s  # settings.sse_keepalive_s; 0: no keep-alives
         self.outage_timeout = outage_timeout
+        # How long a resume past the event stream's end waits for the worker to write what it
+        # published live: the durable interval (every write is at most that late) and some margin.
+        self.durable_wait_s = durable_wait_s
         self.on_lag = on_lag  # seconds from the worker's publish to here, per live event
         self.stats = RelayStats()
         # One classic connection on a single node; one per node, sharded, on a cluster.
-        self.subscriptions = subscriptions_for(redis, f"{keys.prefix}:relay", on_event=self._observe)
+        self.subscriptions = subscriptions_for(redis, f"{keys.prefix}:relay")
+        self.router = LiveRouter(on_event=self._observe)
         self._watch = redis.register_script(WATCH.source)
 
     @property
     def num_clients(self) -> int:
-        return self.subscriptions.num_listeners
+        return len(self.router)
 
     def subscribed(self, job_id: str) -> bool:
-        """Whether the server has confirmed this process's subscription to the job's live events."""
-        return self.subscriptions.confirmed(self.keys.channel(job_id))
+        """Whether a client of this process follows the job, on the live channel the server confirmed."""
+        return job_id in self.router and self.subscriptions.confirmed(self.live_channel)
 
     async def start(self) -> None:
         await self.subscriptions.start()
+        await self.subscriptions.add(self.live_channel, self.router)
 
     async def stop(self) -> None:
         await self.subscriptions.stop()
@@ -124,9 +142,24 @@ class Relay:
 
     async def check_resume(self, job_id: str, after: int) -> None:
         """422 for a Last-Event-ID past the last event of a job that has not ended (nothing with a
-        higher index would ever come); past the end of an ended job, the stream just ends."""
-        if after >= 0:
-            _check_after(job_id, after, await self.backlog(job_id, after))
+        higher index would ever come); past the end of an ended job, the stream just ends. A client
+        may have seen live events the event stream does not hold yet: past its end, the job's worker
+        is asked to write them, and the stream is waited on (XREAD BLOCK) for `durable_wait_s`."""
+        if after < 0:
+            return
+        backlog = await self.backlog(job_id, after)
+        if after > backlog.last_index and not backlog.ended:
+            await self._watch(keys=[self.keys.job(job_id)],
+                              args=[self.keys.control_channel, self.api_id, job_id, 1])
+            deadline = time.monotonic() + self.durable_wait_s
+            while after > backlog.last_index and not backlog.ended:
+                left_ms = int((deadline - time.monotonic()) * 1000)
+                if left_ms <= 0:
+                    break
+                since = event_entry_id(backlog.last_index) if backlog.last_index >= 0 else "0-0"
+                await self.redis.xread({self.keys.events(job_id): since}, count=1, block=left_ms)
+                backlog = await self.backlog(job_id, after)
+        _check_after(job_id, after, backlog)
 
     async def events(self, job_id: str, after: int = -1) -> AsyncIterator[JobEvent | None]:
         """Yields the job's events with index > after, each once and in order, ending with the final
@@ -135,13 +168,16 @@ class Relay:
         Yields None when nothing arrived for `keepalive_s` (time for an SSE keep-alive comment).
         Raises StreamInterrupted when the rest cannot be delivered without a gap.
         """
-        channel = self.keys.channel(job_id)
+        channel = self.live_channel
         listener = Listener()
         last = after
         try:
-            await self.subscriptions.add(channel, listener)
-            backlog = await self._backlog(job_id, last, watch=True)
+            if self.subscriptions.down_since_for(channel) is not None:
+                raise RedisConnectionError("Redis does not answer: the relay is reconnecting")
+            self.router.add(job_id, listener)
+            backlog = await self._backlog(job_id, last, watch=1)
             _check_after(job_id, after, backlog)
+            pending: JobEvent | None = None  # the live event past a gap: delivered once the stream fills it
             while True:
                 if backlog.ended:
                     return
@@ -156,14 +192,22 @@ class Relay:
                     yield event
                     if event.final:
                         return
+                if pending is not None and pending.index == last + 1:
+                    last = pending.index
+                    self.stats.live += 1
+                    yield pending
+                    if pending.final:
+                        return
+                pending = None
                 listener.overflowed = False
                 keepalive_at = self._keepalive_at()
+                idle = False
                 while not listener.overflowed:
                     item = await self._next(channel, listener, keepalive_at)
                     if item is None:
                         yield None
-                        keepalive_at = self._keepalive_at()
-                        continue
+                        idle = True  # nothing live for a while: look at the stream (a missed end)
+                        break
                     if isinstance(item, Signal):  # RESYNC (DOWN never leaves _next)
                         break
                     if item.index <= last:  # already sent (from the stream, or published twice)
@@ -171,6 +215,7 @@ class Relay:
                             return
                         continue
                     if item.index > last + 1:  # a gap: missed live events, read them from the stream
+                        pending = item
                         break
                     last = item.index
                     self.stats.live += 1
@@ -178,31 +223,37 @@ class Relay:
                     if item.final:
                         return
                     keepalive_at = self._keepalive_at()
-                # Overflowed, a gap or a reconnect: drop the buffer and catch up from the durable stream.
+                if idle:
+                    backlog = await self._backlog(job_id, last)
+                    continue
+                # A gap, an overflow or a reconnect: have the worker write what it holds and catch up
+                # from the durable stream (a live message that comes later comes after that write).
                 self.stats.resyncs += 1
-                while not listener.queue.empty():
-                    listener.queue.get_nowait()
-                backlog = await self._backlog(job_id, last)
+                if pending is None:  # overflowed or reconnected: what is queued may have holes
+                    while not listener.queue.empty():
+                        listener.queue.get_nowait()
+                backlog = await self._backlog(job_id, last, watch=2)
         finally:
-            self.subscriptions.remove(channel, listener)
+            self.router.remove(job_id, listener)
 
     def _keepalive_at(self) -> float:
         return time.monotonic() + self.keepalive_s if self.keepalive_s > 0 else math.inf
 
-    async def _backlog(self, job_id: str, after: int, watch: bool = False) -> Backlog:
+    async def _backlog(self, job_id: str, after: int, watch: int = 0) -> Backlog:
         """`backlog`, read again while Redis cannot serve for a moment (a node restarting, a cluster
         failing over: CLUSTERDOWN, LOADING, a lost connection), for at most the outage timeout.
-        `watch`: first mark the job followed, so its worker publishes its events live from then on
-        (subscribed, then marked, then read: an event written before the mark is in the read), and
-        at the stream interval once the mark's notice reaches it (scripts/jobs.py WATCH)."""
+        `watch` 1: first mark the job followed, so that its worker publishes its tokens live once the
+        mark's notice (or its next write) reaches it (subscribed, then marked, then read: an event
+        written before the mark is in the read, the ones after it come live); 2: announce it again
+        (live events were missed: the worker writes what it holds). scripts/jobs.py WATCH."""
         deadline = time.monotonic() + self.outage_timeout
         delay = RETRY_FIRST_S
         while True:
             try:
                 if watch:
                     await self._watch(keys=[self.keys.job(job_id)],
-                                      args=[self.keys.control_channel, FOLLOWED + job_id])
-                    watch = False
+                                      args=[self.keys.control_channel, self.api_id, job_id, int(watch == 2)])
+                    watch = 0
                 return await self.backlog(job_id, after)
             except StreamInterrupted:
                 raise

@@ -19,11 +19,11 @@ from conveyor.api.jobpath.tenants import TenantIndex
 from conveyor.api.metrics import ApiMetrics
 from conveyor.jobqueue.client import cluster_of
 from conveyor.jobqueue.depth import QueuePlace, read_depth
-from conveyor.jobqueue.keys import Keys, event_entry_id
-from conveyor.jobqueue.pubsub.publish import live_publish_command
+from conveyor.jobqueue.keys import OLD_API, Keys, event_entry_id
+from conveyor.jobqueue.pubsub.publish import publish_to_followers
 from conveyor.jobqueue.queue import ensure_group
 from conveyor.jobqueue.replicated import ReplicasBehind, execute_replicated
-from conveyor.jobqueue.scripts.jobs import RECLAIM, UNCLAIM, end_queued
+from conveyor.jobqueue.scripts.jobs import END_QUEUED, RECLAIM, UNCLAIM
 from conveyor.settings import Settings
 from conveyor.telemetry.tracing import Tracing
 from conveyor.webhooks.enqueue import WebhookQueue
@@ -60,8 +60,10 @@ class Submitted:
 
 class JobStore:
     def __init__(self, redis: Redis, keys: Keys, settings: Settings, metrics: ApiMetrics | None = None,
-                 webhooks: WebhookQueue | None = None, tracing: Tracing | None = None) -> None:
+                 webhooks: WebhookQueue | None = None, tracing: Tracing | None = None,
+                 follower: str = OLD_API) -> None:
         self.redis = redis
+        self.follower = follower  # this api process's id (Relay.api_id): the `watched` its followed jobs get
         self.keys = keys
         self.settings = settings
         self.metrics = metrics
@@ -74,7 +76,7 @@ class JobStore:
         if settings.submit_replicas and cluster_of(redis):
             raise ValueError("submit_replicas needs one primary with replicas: on Redis Cluster a job's "
                              "writes span nodes, which one WAIT cannot confirm; unset it (or set 0)")
-        self._end_queued = redis.register_script(end_queued(live_publish_command(redis)).source)
+        self._end_queued = redis.register_script(END_QUEUED.source)
         self._reclaim = redis.register_script(RECLAIM.source)
         self._unclaim = redis.register_script(UNCLAIM.source)
 
@@ -115,8 +117,8 @@ class JobStore:
                      fingerprint: str = "", followed: bool = True) -> Submitted:
         """Admits and writes the job; with an Idempotency-Key seen before, answers that job instead.
         `followed`: this request follows the job's events (sync and streaming requests), so its record
-        is `watched` from the start and its worker publishes live and writes every stream interval
-        from the first token on; async jobs and Batch lines are not (unfollowed_interval_ms)."""
+        is `watched` from the start and its worker publishes its tokens live from the first on; async
+        jobs and Batch lines are not, until a relay follows them (Relay.events)."""
         idem = self.keys.idempotency(spec.tenant, idempotency_key) if idempotency_key else None
         claim = f"{spec.id} {spec.created_at} {fingerprint}"
         if idem is not None:
@@ -153,7 +155,7 @@ class JobStore:
             RecordField.TENANT: spec.tenant,
         }
         if followed:
-            record[RecordField.WATCHED] = 1
+            record[RecordField.WATCHED] = self.follower
         pipe.hset(self.keys.job(spec.id), mapping=record)
         self.tenants.add(pipe, spec)
         await self.enqueue_after(pipe, spec, payload)
@@ -245,18 +247,25 @@ class JobStore:
         await self.end_queued(job_id, JobStatus.CANCELLED)
 
     async def end_queued(self, job_id: str, status: JobStatus) -> bool:
-        """Ends a job that no worker has started (cancelled or expired); False if it had started."""
+        """Ends a job that no worker has started (cancelled or expired); False if it had started.
+        Its followers get the final event live (one that misses it reads it from the event stream
+        at its next keep-alive: Relay.events)."""
         result = JobResult.final(status)
         event = dump_events([JobEvent.ending(0, result)])
-        ended = await self._end_queued(
+        watched = await self._end_queued(
             keys=[self.keys.job(job_id), self.keys.events(job_id)],
             args=[status.value, result.model_dump_json(exclude_none=True), time.time(), event,
-                  self.settings.result_ttl, self.settings.event_stream_maxlen, self.keys.channel(job_id),
-                  event_entry_id(0), self.settings.events_ttl],
+                  self.settings.result_ttl, self.settings.event_stream_maxlen, event_entry_id(0),
+                  self.settings.events_ttl],
         )
-        if ended:
-            await self._ended_in_queue(job_id, status)
-        return bool(ended)
+        if watched is None:
+            return False
+        if followers := watched.split():
+            pipe = self.redis.pipeline(transaction=False)
+            publish_to_followers(pipe, self.keys, {follower: {job_id: event} for follower in followers})
+            await pipe.execute()
+        await self._ended_in_queue(job_id, status)
+        return True
 
     async def _ended_in_queue(self, job_id: str, status: JobStatus) -> None:
         """No worker will see this job run: its metrics and `completed` webhook are the api's."""

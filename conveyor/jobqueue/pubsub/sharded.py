@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from contextlib import suppress
 
 from redis.asyncio import ConnectionPool, Redis
@@ -35,12 +34,10 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.exceptions import ClusterDownError, RedisError
 
 from conveyor.jobqueue.pubsub.shutdown import finish_within
-from conveyor.jobqueue.pubsub.subscriptions import Listener, Subscriptions
-from conveyor.wire.job import JobEvent
+from conveyor.jobqueue.pubsub.subscriptions import Sink, Subscriptions
 
 log = logging.getLogger("conveyor.api.jobpath.relay")
 
-OnEvent = Callable[[JobEvent], object] | None
 LOST_BOUND_S = 1.0  # a node unreachable this long: ask the cluster whether a replica took its slots
 REFRESH_EVERY_S = 0.5  # the topology is read at most this often
 STALE_READ_S = 2.0  # a read naming a node that said it lost the channel is stale for this long
@@ -53,10 +50,9 @@ def node_client(node: ClusterNode) -> Redis:
 
 
 class ShardedSubscriptions:
-    def __init__(self, cluster: RedisCluster, control_channel: str, on_event: OnEvent = None) -> None:
+    def __init__(self, cluster: RedisCluster, control_channel: str) -> None:
         self._cluster = cluster
         self._control = control_channel
-        self._on_event = on_event
         self._nodes: dict[str, Subscriptions] = {}  # primary's name → its connection
         self._clients: dict[str, Redis] = {}
         self._routes: dict[str, str] = {}  # channel → the name of the node it is subscribed on
@@ -104,8 +100,7 @@ class ShardedSubscriptions:
         subscriptions = self._nodes.get(node.name)
         if subscriptions is None:
             client = node_client(node)
-            subscriptions = Subscriptions(client, self._control, self._on_event, sharded=True,
-                                          on_moved=self._on_moved)
+            subscriptions = Subscriptions(client, self._control, sharded=True, on_moved=self._on_moved)
             try:
                 await subscriptions.start()
             except BaseException:
@@ -120,7 +115,7 @@ class ShardedSubscriptions:
         await self._nodes.pop(name).stop()
         await finish_within(f"closing the client of {name}", [client.aclose()])
 
-    async def add(self, channel: str, listener: Listener) -> None:
+    async def add(self, channel: str, listener: Sink) -> None:
         name = self._routes.get(channel)
         if name is None:
             node = self._cluster.get_node_from_key(channel)
@@ -130,7 +125,7 @@ class ShardedSubscriptions:
             name = self._routes.setdefault(channel, node.name)
         await self._nodes[name].add(channel, listener)
 
-    def remove(self, channel: str, listener: Listener) -> None:
+    def remove(self, channel: str, listener: Sink) -> None:
         name = self._routes.get(channel)
         if name is None:
             return
@@ -198,9 +193,8 @@ class ShardedSubscriptions:
             await self._drop(name)
 
 
-def subscriptions_for(redis: Redis, control_channel: str,
-                      on_event: OnEvent = None) -> Subscriptions | ShardedSubscriptions:
+def subscriptions_for(redis: Redis, control_channel: str) -> Subscriptions | ShardedSubscriptions:
     """The relay's pub/sub: sharded on a cluster, one classic connection on a single node."""
     if isinstance(redis, RedisCluster):
-        return ShardedSubscriptions(redis, control_channel, on_event)
-    return Subscriptions(redis, control_channel, on_event)
+        return ShardedSubscriptions(redis, control_channel)
+    return Subscriptions(redis, control_channel)

@@ -1,6 +1,7 @@
 """The one pub/sub connection of an api process (docs/design.md §1 step 6): a channel is subscribed
-while it has listeners, each message is handed to the bounded queues of its channel's listeners,
-and a lost connection is noticed and recovered.
+while it has listeners, each message is handed to its channel's listeners (a `Sink`: the relay's
+router of its process channel, conveyor/api/jobpath/live_router.py, or one `Listener`'s bounded
+queue), and a lost connection is noticed and recovered.
 
 redis-py reconnects a pub/sub connection on its next read and subscribes it again to every channel
 it holds. Whatever was published in between was missed, so when the server confirms a channel that
@@ -26,7 +27,7 @@ import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from types import MethodType
-from typing import Any
+from typing import Any, Protocol
 
 from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.cluster import ClusterPubSub
@@ -55,8 +56,18 @@ class Signal(enum.Enum):
     DOWN = "down"  # the connection was lost: mind the outage deadline
 
 
+class Sink(Protocol):
+    """What a channel's messages and signals are handed to."""
+
+    def put(self, item: Signal) -> None: ...
+
+    def message(self, data: str) -> None: ...
+
+
 @dataclass(eq=False)
 class Listener:
+    """One client's bounded queue of one job's events."""
+
     queue: asyncio.Queue[JobEvent | Signal] = field(default_factory=lambda: asyncio.Queue(CLIENT_BUFFER))
     overflowed: bool = False  # events were dropped: re-read the event stream
 
@@ -66,6 +77,16 @@ class Listener:
         except asyncio.QueueFull:
             if item is not Signal.DOWN:  # a full queue wakes its reader anyway
                 self.overflowed = True
+
+    def message(self, data: str) -> None:
+        """A message of one job's channel (Keys.channel): its events, in order."""
+        try:
+            events = load_events(data)
+        except ValueError:
+            log.warning("dropping a malformed live message")
+            return
+        for event in events:
+            self.put(event)
 
 
 def dedicated(redis: Redis) -> Redis:
@@ -82,8 +103,7 @@ def dedicated(redis: Redis) -> Redis:
 
 
 class Subscriptions:
-    def __init__(self, redis: Redis, control_channel: str,
-                 on_event: Callable[[JobEvent], object] | None = None, sharded: bool = False,
+    def __init__(self, redis: Redis, control_channel: str, sharded: bool = False,
                  on_moved: Callable[[list[str]], object] | None = None) -> None:
         self._redis = dedicated(redis)
         self._pubsub = self._redis.pubsub()
@@ -93,9 +113,8 @@ class Subscriptions:
             self._pubsub._resubscribe_shard_channels = MethodType(  # type: ignore[method-assign]
                 ClusterPubSub._resubscribe_shard_channels, self._pubsub)
         self._control = control_channel  # always subscribed: a pub/sub connection needs one to be read
-        self._on_event = on_event
         self._on_moved = on_moved  # channels this node says it does not serve (sharded)
-        self._listeners: dict[str, set[Listener]] = {}
+        self._listeners: dict[str, set[Sink]] = {}
         self._confirmed: dict[str, asyncio.Event] = {}  # channel → set once the server confirmed it
         self._adopted: set[str] = set()  # moved here: RESYNC its listeners once confirmed
         self._lock = asyncio.Lock()  # orders the commands sent on the one connection
@@ -140,7 +159,7 @@ class Subscriptions:
         finally:
             await self._redis.aclose()
 
-    async def add(self, channel: str, listener: Listener) -> None:
+    async def add(self, channel: str, listener: Sink) -> None:
         """Adds the listener; returns once the server has confirmed the channel's subscription, so
         nothing published from then on is missed. The caller removes it (also when this raises)."""
         if self.down_since is not None:
@@ -156,7 +175,7 @@ class Subscriptions:
                 raise RedisConnectionError(f"Redis did not confirm a subscription within "
                                            f"{CONFIRM_TIMEOUT_S:.0f} s") from None
 
-    def remove(self, channel: str, listener: Listener) -> None:
+    def remove(self, channel: str, listener: Sink) -> None:
         """Never awaits: it runs when a client's task is being cancelled."""
         listeners = self._listeners.get(channel)
         if listeners is None:
@@ -166,7 +185,7 @@ class Subscriptions:
             del self._listeners[channel]
             self._later(self._sync(channel))
 
-    def detach(self, channel: str) -> set[Listener]:
+    def detach(self, channel: str) -> set[Sink]:
         """Takes the channel's listeners away (this node no longer serves it), without a command to a
         node that may be gone; an `add` waiting for this node's confirmation returns (the node that
         adopts the listeners sends them RESYNC)."""
@@ -178,7 +197,7 @@ class Subscriptions:
         self._held().pop(channel, None)  # not subscribed again by a reconnect
         return listeners
 
-    def adopt(self, channel: str, listeners: set[Listener]) -> None:
+    def adopt(self, channel: str, listeners: set[Sink]) -> None:
         """Listeners moved from another node: subscribed here, then told RESYNC (whatever was
         published while they moved is in the job's event stream). Never awaits."""
         self._listeners.setdefault(channel, set()).update(listeners)
@@ -300,14 +319,5 @@ class Subscriptions:
                 listener.put(Signal.RESYNC)
 
     def _deliver(self, channel: str, data: str) -> None:
-        try:
-            events = load_events(data)
-        except ValueError:
-            log.warning("dropping a malformed event on %s", channel)
-            return
-        listeners = self._listeners.get(channel, ())
-        for event in events:
-            if self._on_event is not None:
-                self._on_event(event)
-            for listener in listeners:
-                listener.put(event)
+        for listener in self._listeners.get(channel, ()):
+            listener.message(data)

@@ -19,11 +19,6 @@ again on NOSCRIPT; the console's overview), or whole with EVAL where the pipelin
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
-
-# The command a script publishes a job's live event with: SPUBLISH on a cluster (the channel stays in
-# the job's slot), PUBLISH on one node (conveyor/jobqueue/pubsub/publish.py chooses).
-PublishCommand = Literal["PUBLISH", "SPUBLISH"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,8 @@ console, the webhooks)."""
 
 from __future__ import annotations
 
-from conveyor.jobqueue.scripts import PublishCommand, Script
+from conveyor.jobqueue.keys import FOLLOWED
+from conveyor.jobqueue.scripts import Script
 from conveyor.wire.job import JobStatus as S
 from conveyor.wire.job import RecordField as F
 
@@ -66,28 +67,27 @@ return 0
 )
 
 
-def end_queued(publish: PublishCommand) -> Script:
-    """queued → a terminal state, by the api, for a job no worker holds yet (cancelled, expired): the
-    record (its final event's index 0), the final event, the TTLs (the record's, the events' shorter
-    one: docs/operations/redis.md#memory-per-job), and the final event published with `publish`.
-    Atomic with the worker's TAKE: a worker that reads the job later finds it ended and only
-    acknowledges it."""
-    return Script(
-        keys=("job record", "job event stream"),
-        argv=("status", "result JSON", "now", "final event JSON", "record ttl", "maxlen", "job channel",
-              "final event's entry id", "events ttl"),
-        returns="1: ended, 0: it was not queued",
-        source=f"""
-if redis.call('HGET', KEYS[1], '{F.STATUS}') ~= '{S.QUEUED}' then return 0 end
+# queued → a terminal state, by the api, for a job no worker holds yet (cancelled, expired): the
+# record (its final event's index 0), the final event, the TTLs (the record's, the events' shorter
+# one: docs/operations/redis.md#memory-per-job). Atomic with the worker's TAKE: a worker that reads
+# the job later finds it ended and only acknowledges it. It answers who follows the job, whom the
+# api then sends the final event live (JobStore.end_queued; a follower that misses it reads it from
+# the event stream at its next keep-alive).
+END_QUEUED = Script(
+    keys=("job record", "job event stream"),
+    argv=("status", "result JSON", "now", "final event JSON", "record ttl", "maxlen",
+          "final event's entry id", "events ttl"),
+    returns="the record's `watched` ('' for none) if it ended the job; nil if the job was not queued",
+    source=f"""
+if redis.call('HGET', KEYS[1], '{F.STATUS}') ~= '{S.QUEUED}' then return false end
 redis.call('HSET', KEYS[1], '{F.STATUS}', ARGV[1], '{F.RESULT}', ARGV[2], '{F.FINISHED_AT}', ARGV[3],
            '{F.FINAL}', 0)
-redis.pcall('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], ARGV[8], 'e', ARGV[4])
+redis.pcall('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], ARGV[7], 'e', ARGV[4])
 redis.call('EXPIRE', KEYS[1], ARGV[5])
-redis.call('EXPIRE', KEYS[2], ARGV[9])
-redis.call('{publish}', ARGV[7], ARGV[4])
-return 1
+redis.call('EXPIRE', KEYS[2], ARGV[8])
+return redis.call('HGET', KEYS[1], '{F.WATCHED}') or ''
 """,
-    )
+)
 
 
 # The jobs waiting and running in one shard (conveyor/jobqueue/depth.py): its streams read in one step,
@@ -140,18 +140,27 @@ HSET_IF_EXISTS = Script(
     source="if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end",
 )
 
-# The relay's `watched` mark, set only while the record lives (a follow of an unknown or expired job
-# must not create a record without a TTL); the first time, it is announced on the control channel,
-# so the job's worker writes its events every stream interval from its next step on, not every
-# unfollowed interval (conveyor/worker/coalesce.py). A record marked at submit announces nothing.
+# The relay's `watched` mark: the api process's id added to the record's (space-separated) set, only
+# while the record lives (a follow of an unknown or expired job must not create a record without a
+# TTL). It is announced on the control channel the first time, and again whenever the relay asks (it
+# missed live events: `again` 1), so the job's worker publishes its tokens live to that api and
+# writes what it holds to the event stream at its next step, where the relay reads what it did not
+# see live (conveyor/worker/coalesce.py). A record marked at submit announces nothing: its worker
+# reads the mark when it takes the job.
 WATCH = Script(
     keys=("job record",),
-    argv=("control channel", "message (keys.FOLLOWED + job id)"),
-    returns="1 if the mark is new, else 0",
+    argv=("control channel", "api id", "job id", "again (0/1)"),
+    returns="1 if announced, else 0",
     source=f"""
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-if redis.call('HSETNX', KEYS[1], '{F.WATCHED}', 1) == 0 then return 0 end
-redis.call('PUBLISH', ARGV[1], ARGV[2])
+local watched = redis.call('HGET', KEYS[1], '{F.WATCHED}')
+local new = not watched or not string.find(' ' .. watched .. ' ', ' ' .. ARGV[2] .. ' ', 1, true)
+if new then
+  redis.call('HSET', KEYS[1], '{F.WATCHED}', watched and (watched .. ' ' .. ARGV[2]) or ARGV[2])
+elseif ARGV[4] ~= '1' then
+  return 0
+end
+redis.call('PUBLISH', ARGV[1], '{FOLLOWED}' .. ARGV[3] .. ' ' .. ARGV[2])
 return 1
 """,
 )

@@ -1,11 +1,10 @@
 """The worker's Lua scripts: the few writes that must check ownership and act in one step.
 
 Each script touches the keys of one job (same hash tag) or of one jobs shard (its band streams
-share a hash tag), so the layout keeps working on Redis Cluster; there APPEND publishes with
-SPUBLISH (conveyor/jobqueue/pubsub/publish.py). Scripts are loaded once and called with EVALSHA
-inside the step pipeline; if Redis lost its script cache (a restart), `execute` loads them again and
-re-runs the pipeline, which is safe because every write in it is idempotent (event IDs follow the
-token index).
+share a hash tag), so the layout keeps working on Redis Cluster. Scripts are loaded once and called
+with EVALSHA inside the step pipeline; if Redis lost its script cache (a restart), `execute` loads
+them again and re-runs the pipeline, which is safe because every write in it is idempotent (event
+IDs follow the token index).
 """
 
 from __future__ import annotations
@@ -18,8 +17,7 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import NoScriptError
 
-from conveyor.jobqueue.pubsub.publish import live_publish_command
-from conveyor.jobqueue.scripts import PublishCommand, Script
+from conveyor.jobqueue.scripts import Script
 from conveyor.jobqueue.scripts.jobs import DEPTH
 from conveyor.wire.job import JobStatus as S
 from conveyor.wire.job import RecordField as F
@@ -27,11 +25,13 @@ from conveyor.wire.job import RecordField as F
 log = logging.getLogger(__name__)
 
 # Takes ownership of the job (the fence APPEND checks) and, unless it is cancelled, ended or expired
-# in the queue, marks it running — atomically, so the api cannot end it as queued meanwhile.
+# in the queue, marks it running — atomically, so the api cannot end it as queued meanwhile. Whether
+# an api follows it (`watched`) decides whether its first tokens are published live.
 TAKE = Script(
     keys=("job record",),
     argv=("worker id", "deliveries", "may start (0/1)", "deadline passed (0/1)", "now"),
-    returns="{status before, cancel flag, {started_at, first_token_at, seed}}; nil if the record is gone",
+    returns="{status before, cancel flag, {started_at, first_token_at, seed, watched}}; nil if the record "
+            "is gone",
     source=f"""
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
 redis.call('HSET', KEYS[1], '{F.WORKER}', ARGV[1], '{F.ATTEMPTS}', ARGV[2])
@@ -44,33 +44,33 @@ if ARGV[3] == '1' and not cancel and (status == '{S.RUNNING}' or waiting) then
   redis.call('HSET', KEYS[1], '{F.STATUS}', '{S.RUNNING}')
   redis.call('HSETNX', KEYS[1], '{F.STARTED_AT}', ARGV[5])
 end
-return {{status, cancel, redis.call('HMGET', KEYS[1], '{F.STARTED_AT}', '{F.FIRST_TOKEN_AT}', '{F.SEED}')}}
+return {{status, cancel, redis.call('HMGET', KEYS[1], '{F.STARTED_AT}', '{F.FIRST_TOKEN_AT}', '{F.SEED}',
+                                   '{F.WATCHED}')}}
 """,
 )
 
 
-APPEND_FIELDS = ("entry id", "events JSON", "job channel", "first token (0/1)", "final (0/1)", "status",
-                 "result JSON", "final index")  # per job, after the 5 common arguments
+APPEND_FIELDS = ("entry id", "events JSON", "first token (0/1)", "final (0/1)", "status", "result JSON",
+                 "final index")  # per job, after the 5 common arguments
 
-
-def append(publish: PublishCommand) -> Script:
-    """Appends each job's new events (one entry, conveyor/wire/event_batch.py) if this worker
-    still owns the job — one ownership check per job per call, and one call per step for all the jobs
-    whose keys share a node's script (all of them on one node, a slot's on a cluster): XADD (the ID
-    follows the batch's last index, so a duplicate is refused) and, only while an api listens to the
-    job (the record's `watched`, Relay.events), the live publish — and says so, for the worker's
-    interval (conveyor/worker/coalesce.py); milestones; on the final event the
-    record (with the final event's index, what a replay after the window needs) and the TTLs: the
-    record's `result_ttl`, the per-token events' `replay_window` (docs/operations/redis.md#memory-per-job).
-    Only a refused duplicate counts as "already there": any other XADD error (OOM under maxmemory)
-    is the script's error, so the publisher retries the step instead of counting an event unwritten."""
-    return Script(
-        keys=("each job's record, then its event stream, ...",),
-        argv=("worker id", "maxlen", "now", "record ttl", "events ttl",
-              f"per job: {', '.join(APPEND_FIELDS)}, ..."),
-        returns="{per job: 0: not the owner (another worker took the job over), 1: written, "
-                "2: was already there; per job: 1 if an api follows it (`watched`), else 0}",
-        source=f"""
+# Appends each job's new events (one entry, conveyor/wire/event_batch.py) if this worker still owns
+# the job — one ownership check per job per call, and one call per step for all the jobs whose keys
+# share a node's script (all of them on one node, a slot's on a cluster): XADD (the ID follows the
+# batch's last index, so a duplicate is refused); milestones; on the final event the record (with the
+# final event's index, what a replay after the window needs) and the TTLs: the record's `result_ttl`,
+# the per-token events' `replay_window` (docs/operations/redis.md#memory-per-job). And it says
+# which api processes follow each job (the record's `watched`, Relay.events), for the worker's live path
+# (conveyor/worker/coalesce.py); the live messages themselves go out after it in the same pipeline
+# (conveyor/worker/publisher.py). Only a refused duplicate counts as "already there": any other XADD
+# error (OOM under maxmemory) is the script's error, so the publisher retries the step instead of
+# counting an event unwritten.
+APPEND = Script(
+    keys=("each job's record, then its event stream, ...",),
+    argv=("worker id", "maxlen", "now", "record ttl", "events ttl",
+          f"per job: {', '.join(APPEND_FIELDS)}, ..."),
+    returns="{per job: 0: not the owner (another worker took the job over), 1: written, "
+            "2: was already there; per job: the api processes that follow it (`watched`, '' for none)}",
+    source=f"""
 local jobs = #KEYS / 2
 if #ARGV ~= 5 + {len(APPEND_FIELDS)} * jobs then
   return redis.error_reply('APPEND: 2 keys and {len(APPEND_FIELDS)} arguments per job')
@@ -82,30 +82,28 @@ for j = 1, jobs do
   local code = 0
   if owner[1] == ARGV[1] then
     code = 1
-    local final = ARGV[a + 5] == '1'
+    local final = ARGV[a + 4] == '1'
     local added = redis.pcall('XADD', events, 'MAXLEN', '~', ARGV[2], ARGV[a + 1], 'e', ARGV[a + 2])
     if type(added) == 'table' and added.err then
       if not string.find(added.err, 'equal or smaller', 1, true) then return redis.error_reply(added.err) end
       if not final then code = 2 end
-    elseif owner[2] then
-      redis.call('{publish}', ARGV[a + 3], ARGV[a + 2])
     end
     if code == 1 then
-      if ARGV[a + 4] == '1' then redis.call('HSETNX', record, '{F.FIRST_TOKEN_AT}', ARGV[3]) end
+      if ARGV[a + 3] == '1' then redis.call('HSETNX', record, '{F.FIRST_TOKEN_AT}', ARGV[3]) end
       if final then
-        redis.call('HSET', record, '{F.STATUS}', ARGV[a + 6], '{F.RESULT}', ARGV[a + 7],
-                   '{F.FINISHED_AT}', ARGV[3], '{F.FINAL}', ARGV[a + 8])
+        redis.call('HSET', record, '{F.STATUS}', ARGV[a + 5], '{F.RESULT}', ARGV[a + 6],
+                   '{F.FINISHED_AT}', ARGV[3], '{F.FINAL}', ARGV[a + 7])
         redis.call('EXPIRE', record, ARGV[4])
         redis.call('EXPIRE', events, ARGV[5])
       end
     end
   end
   out[j] = code
-  followed[j] = owner[2] and 1 or 0
+  followed[j] = owner[2] or ''
 end
 return {{out, followed}}
 """,
-    )
+)
 
 
 # For each entry still pending for this worker: renew resets its idle time (the lease); release
@@ -232,9 +230,9 @@ return 0
 )
 
 
-def worker_scripts(publish: PublishCommand) -> dict[str, Script]:
-    """The worker's scripts by name, APPEND publishing with `publish`."""
-    return {"take": TAKE, "append": append(publish), "keep": KEEP, "read": READ, "forget": FORGET,
+def worker_scripts() -> dict[str, Script]:
+    """The worker's scripts by name."""
+    return {"take": TAKE, "append": APPEND, "keep": KEEP, "read": READ, "forget": FORGET,
             "sweep": SWEEP, "depth": DEPTH}
 
 
@@ -246,7 +244,7 @@ class Scripts:
         self._sha: dict[str, str] = {}
 
     async def load(self) -> None:
-        for name, script in worker_scripts(live_publish_command(self.redis)).items():
+        for name, script in worker_scripts().items():
             self._sha[name] = await self.redis.script_load(script.source)
 
     def call(self, pipe: Pipeline, name: str, keys: list[str], args: list[Any]) -> None:
