@@ -64,8 +64,8 @@ class Publisher:
     async def publish(self, items: list[tuple[InFlight, JobEvent]],
                       live: Sequence[tuple[InFlight, JobEvent]] = ()) -> Published:
         """Writes events — a job's consecutive ones as one batch — in one pipeline (one APPEND call per
-        node script group), then the live ones (one message per job), then acknowledges the jobs that
-        ended."""
+        node script group), then the live ones (one message per api process that follows any of the
+        jobs), then acknowledges the jobs that ended."""
         now = time.time()
         batches: dict[str, tuple[InFlight, list[JobEvent]]] = {}
         for job, event in items:
@@ -95,6 +95,8 @@ class Publisher:
                 self._append(pipe, group, now)
             publish_to_followers(pipe, self.keys, messages)
 
+        # The publishes' replies (receiver counts) are not read: a live message nobody got is filled
+        # from the event stream by the relay that missed it.
         results = (await self.scripts.execute(build))[: len(groups)]
         out = Published()
         finals: list[tuple[InFlight, JobResult]] = []

@@ -17,6 +17,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from conveyor.api.jobpath.live_router import LiveRouter
 from conveyor.api.jobpath.relay import Relay
 from conveyor.api.redis_pool import api_redis
 from conveyor.jobqueue.keys import Keys, event_entry_id
@@ -61,15 +62,16 @@ async def test_listeners_moved_to_another_connection_resync_once_it_confirms(tmp
         old, new = Subscriptions(redis, "ctl"), Subscriptions(redis, "ctl")
         await old.start()
         await new.start()
-        listener = Listener()
+        listener, router = Listener(), LiveRouter()  # a client of job j, on its process's channel
+        router.add("j", listener)
         try:
-            await old.add("ch", listener)
+            await old.add("ch", router)
             moved = old.detach("ch")
-            assert moved == {listener} and not old.has_listeners("ch")
+            assert moved == {router} and not old.has_listeners("ch")
             new.adopt("ch", moved)
             assert await asyncio.wait_for(listener.queue.get(), 10) is Signal.RESYNC
             assert new.confirmed("ch")
-            await redis.publish("ch", event(0))
+            await redis.publish("ch", dump_live({"j": f"[{event(0)}]"}))
             assert (await asyncio.wait_for(listener.queue.get(), 10)).index == 0  # type: ignore[union-attr]
         finally:
             await old.stop()

@@ -1,7 +1,7 @@
 """The one pub/sub connection of an api process (docs/design.md §1 step 6): a channel is subscribed
 while it has listeners, each message is handed to its channel's listeners (a `Sink`: the relay's
-router of its process channel, conveyor/api/jobpath/live_router.py, or one `Listener`'s bounded
-queue), and a lost connection is noticed and recovered.
+router of its process channel, conveyor/api/jobpath/live_router.py, which fills each client's
+bounded `Listener`), and a lost connection is noticed and recovered.
 
 redis-py reconnects a pub/sub connection on its next read and subscribes it again to every channel
 it holds. Whatever was published in between was missed, so when the server confirms a channel that
@@ -37,7 +37,6 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 
 from conveyor.jobqueue.pubsub.shutdown import finish_within
-from conveyor.wire.event_batch import load_events
 from conveyor.wire.job import JobEvent
 
 log = logging.getLogger("conveyor.api.jobpath.relay")
@@ -77,16 +76,6 @@ class Listener:
         except asyncio.QueueFull:
             if item is not Signal.DOWN:  # a full queue wakes its reader anyway
                 self.overflowed = True
-
-    def message(self, data: str) -> None:
-        """A message of one job's channel (Keys.channel): its events, in order."""
-        try:
-            events = load_events(data)
-        except ValueError:
-            log.warning("dropping a malformed live message")
-            return
-        for event in events:
-            self.put(event)
 
 
 def dedicated(redis: Redis) -> Redis:
