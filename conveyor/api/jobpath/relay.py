@@ -31,6 +31,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError
 
 from conveyor.api.errors import ValidationError
+from conveyor.api.jobpath.alarm import Alarm
 from conveyor.api.jobpath.live_router import LiveRouter
 from conveyor.jobqueue.keys import Keys, event_entry_id
 from conveyor.jobqueue.pubsub.sharded import subscriptions_for
@@ -170,6 +171,7 @@ class Relay:
         """
         channel = self.live_channel
         listener = Listener()
+        alarm = Alarm(lambda: listener.put(Signal.WAKE))
         last = after
         try:
             if self.subscriptions.down_since_for(channel) is not None:
@@ -203,7 +205,7 @@ class Relay:
                 keepalive_at = self._keepalive_at()
                 idle = False
                 while not listener.overflowed:
-                    item = await self._next(channel, listener, keepalive_at)
+                    item = await self._next(channel, listener, alarm, keepalive_at)
                     if item is None:
                         yield None
                         idle = True  # nothing live for a while: look at the stream (a missed end)
@@ -234,6 +236,7 @@ class Relay:
                         listener.queue.get_nowait()
                 backlog = await self._backlog(job_id, last, watch=2)
         finally:
+            alarm.cancel()
             self.router.remove(job_id, listener)
 
     def _keepalive_at(self) -> float:
@@ -266,30 +269,33 @@ class Relay:
             await asyncio.sleep(delay)
             delay = min(2 * delay, RETRY_MAX_S)
 
-    async def _next(self, channel: str, listener: Listener, keepalive_at: float) -> JobEvent | Signal | None:
+    async def _next(self, channel: str, listener: Listener, alarm: Alarm,
+                    keepalive_at: float) -> JobEvent | Signal | None:
         """The listener's next event or RESYNC; None when a keep-alive is due. While the connection
         that carries the channel is lost, waits for it (or for the channel to move to a node that
         took over, on a cluster) at most `outage_timeout`, then raises StreamInterrupted."""
+        queue = listener.queue
         while True:
-            now = time.monotonic()
-            timeout = keepalive_at - now
-            down_since = self.subscriptions.down_since_for(channel)
-            if down_since is not None:
-                left = down_since + self.outage_timeout - now
-                if left <= 0:
-                    raise StreamInterrupted(f"Redis has not answered for {self.outage_timeout:.0f} s: the "
-                                            "stream ends here, the job goes on (resume with Last-Event-ID)")
-                timeout = min(timeout, left)
-            if timeout <= 0:
-                return None
-            try:
-                # Not wait_for: on Python 3.11 it drops a cancellation that lands as the get completes,
-                # and a sync request whose client left would then follow its job to the end.
-                async with asyncio.timeout(None if math.isinf(timeout) else timeout):
-                    item = await listener.queue.get()
-            except TimeoutError:
-                continue
-            if item is not Signal.DOWN:  # DOWN only wakes the wait, to start the outage clock
+            if not queue.empty():
+                item = queue.get_nowait()
+            else:
+                now = time.monotonic()
+                wake_at = keepalive_at
+                down_since = self.subscriptions.down_since_for(channel)
+                if down_since is not None:
+                    if down_since + self.outage_timeout <= now:
+                        raise StreamInterrupted(
+                            f"Redis has not answered for {self.outage_timeout:.0f} s: the stream ends "
+                            "here, the job goes on (resume with Last-Event-ID)")
+                    wake_at = min(wake_at, down_since + self.outage_timeout)
+                if keepalive_at <= now:
+                    return None
+                if not math.isinf(wake_at):
+                    alarm.set(wake_at)
+                # A plain get: cancelled with the task, never lost to a timeout (wait_for on Python
+                # 3.11 dropped a cancellation that landed as the get completed).
+                item = await queue.get()
+            if item is not Signal.DOWN and item is not Signal.WAKE:  # both only wake the clocks
                 return item
 
 

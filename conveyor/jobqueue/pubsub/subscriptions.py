@@ -53,6 +53,7 @@ MAX_BACKOFF_S = 1.0
 class Signal(enum.Enum):
     RESYNC = "resync"  # messages may have been missed: re-read the event stream
     DOWN = "down"  # the connection was lost: mind the outage deadline
+    WAKE = "wake"  # the reader's own timer (the relay's keep-alive and outage clocks: api/jobpath/alarm.py)
 
 
 class Sink(Protocol):
@@ -74,7 +75,7 @@ class Listener:
         try:
             self.queue.put_nowait(item)
         except asyncio.QueueFull:
-            if item is not Signal.DOWN:  # a full queue wakes its reader anyway
+            if item is not Signal.DOWN and item is not Signal.WAKE:  # a full queue wakes its reader anyway
                 self.overflowed = True
 
 
