@@ -3,6 +3,7 @@
     python -m benchmarks.sim_fleet                                  # 1 and 2 workers, 64 streams × 128 tokens
     python -m benchmarks.sim_fleet --workers 1,2,4 --clients 128 --tokens 256 --step-ms 20
     python -m benchmarks.sim_fleet --async-jobs                     # /v1/jobs polled: nobody listens
+    python -m benchmarks.sim_fleet --cluster 3                      # a 3-primary Redis Cluster, 3 shards
 
 Per run, on a fresh valkey-server: the api and W workers with `--engine sim`
 (docs/operations/simulated-engine.md) as real processes, and C streaming clients (TGI
@@ -16,7 +17,8 @@ benchmarks/procstat.py reads it); and the transport's added latency, from the wo
 engine emitted a token to the api's relay receiving it (the api's conveyor_relay_lag_seconds
 histogram: p50 and p99 as the bucket bound they fall in). Unlike redis_cost, the api's relay and the
 SSE clients are on the path; `--async-jobs` submits to /v1/jobs and polls instead (nobody listens).
-`--step-ms`: the sim's whole modelled step (sim_step_fixed_ms,
+`--cluster N`: an N-primary Redis Cluster on loopback instead of one node (the queue in N shards);
+the counters are summed over the nodes. `--step-ms`: the sim's whole modelled step (sim_step_fixed_ms,
 with weights and prefill at 0); the default 15 ms is an 8B model's decode step at batch ~64 on an H200.
 """
 
@@ -34,7 +36,8 @@ import httpx
 from redis.asyncio import Redis
 
 from benchmarks.procstat import delta, snapshot
-from benchmarks.redis_fleet import Counters, read_counters
+from benchmarks.redis_fleet import Counters, node_urls, read_counters
+from conveyor.launcher.redis_cluster import LocalCluster
 from conveyor.launcher.redis_server import EmbeddedRedis
 from tests.conftest import start_service, stop_service
 
@@ -88,28 +91,35 @@ async def _client(base_url: str, jobs: int, tokens: int, offset: int) -> int:
 
 
 async def _load(base_url: str, redis_url: str, args: argparse.Namespace) -> tuple[int, float, Counters]:
-    redis = Redis.from_url(redis_url)
+    nodes = [Redis.from_url(url) for url in node_urls(redis_url)]
     try:
-        before = await read_counters([redis])
+        before = await read_counters(nodes)
         started = time.perf_counter()
         client = _poller if args.async_jobs else _client
         clients = (client(base_url, args.jobs, args.tokens, c) for c in range(args.clients))
         counts = await asyncio.gather(*clients)
         seconds = time.perf_counter() - started
         await asyncio.sleep(0.5)  # the workers' last acknowledgements
-        after = await read_counters([redis])
+        after = await read_counters(nodes)
     finally:
-        await redis.aclose()
-    # The first read's 3 INFO calls are counted by the second.
-    return sum(counts), seconds, (after - before).without({"info": 3})
+        for node in nodes:
+            await node.aclose()
+    # The first read's 3 INFO calls a node are counted by the second.
+    return sum(counts), seconds, (after - before).without({"info": 3 * len(nodes)})
 
 
 def one_run(args: argparse.Namespace, workers: int, model: Path, tmp: Path) -> SimRun:
-    server = EmbeddedRedis(tmp / f"redis-{workers}").start()
+    server: EmbeddedRedis | LocalCluster
+    if args.cluster:
+        server = LocalCluster(tmp / f"cluster-{workers}", nodes=args.cluster).start()
+    else:
+        server = EmbeddedRedis(tmp / f"redis-{workers}").start()
     env = {"CONVEYOR_MODEL": str(model), "CONVEYOR_ENGINE": "sim", "CONVEYOR_LOG_LEVEL": "warning",
            "CONVEYOR_SIM_STEP_FIXED_MS": str(args.step_ms), "CONVEYOR_SIM_WEIGHT_GB": "0",
            "CONVEYOR_SIM_PREFILL_GFLOP_PER_TOKEN": "0", "CONVEYOR_MAX_CONCURRENT_REQUESTS": "1024",
            "CONVEYOR_KV_CACHE_MEMORY": "8GiB", "CONVEYOR_GENERATE_PROMPT_FORMAT": "raw"}
+    if args.cluster:
+        env |= {"CONVEYOR_REDIS_CLUSTER": "true", "CONVEYOR_JOBS_SHARDS": str(args.cluster)}
     (tmp / str(workers)).mkdir()
     service = start_service(tmp / str(workers), server.url, env, workers=workers)
     try:
@@ -129,8 +139,9 @@ def one_run(args: argparse.Namespace, workers: int, model: Path, tmp: Path) -> S
 
 def print_runs(runs: list[SimRun], args: argparse.Namespace) -> None:
     kind = "polling (async jobs)" if args.async_jobs else "streaming"
+    redis = f"a {args.cluster}-primary cluster (counters summed)" if args.cluster else "one Redis node"
     print(f"\n{args.clients} {kind} clients × {args.jobs} jobs × {args.tokens} tokens, "
-          f"simulated step {args.step_ms} ms")
+          f"simulated step {args.step_ms} ms, {redis}")
     print("\n| workers | tokens | s | tokens/s | cmds/token | bytes in/token | bytes out/token "
           "| server CPU µs/token | in commands µs/token | api CPU µs/token | worker main thread CPU µs/token "
           "| added latency p50 / p99 |")
@@ -158,6 +169,8 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=128, help="generated tokens per job")
     parser.add_argument("--step-ms", type=float, default=15.0, help="the simulated step time, ms")
     parser.add_argument("--async-jobs", action="store_true", help="submit to /v1/jobs and poll: no listener")
+    parser.add_argument("--cluster", type=int, default=0, metavar="N",
+                        help="an N-primary Redis Cluster (the queue in N shards) instead of one node")
     args = parser.parse_args()
     from conveyor.engine.loader import resolve_model
 
