@@ -1,5 +1,6 @@
 """Turns a step's events into Redis writes: one pipeline per step, never one round trip per token, and
-one APPEND call per step on one node (per hash slot on a cluster), never one per token or per job.
+one APPEND call per step and node (on a cluster: APPEND_NODE for a node's jobs of several slots),
+never one per token or per job.
 
 Two paths (conveyor/worker/coalesce.py). Durable: every event goes through the APPEND script, which
 writes only while this worker owns the job (the record's `worker` field): a worker that lost a job to
@@ -15,6 +16,7 @@ until its next durable write or lease renewal says so, and the relays drop what 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.crc import key_slot
+from redis.exceptions import ResponseError
 
 from conveyor.jobqueue.client import cluster_of
 from conveyor.jobqueue.keys import DEAD_LETTER_MAXLEN, WORKER_GROUP, Keys, event_entry_id
@@ -32,6 +35,8 @@ from conveyor.jobqueue.scripts.worker import Scripts
 from conveyor.wire.event_batch import dump_events
 from conveyor.wire.job import JobEvent, JobResult
 from conveyor.worker.owned import InFlight
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from conveyor.worker.observe import Observer
@@ -98,6 +103,8 @@ class Publisher:
         # The publishes' replies (receiver counts) are not read: a live message nobody got is filled
         # from the event stream by the relay that missed it.
         results = (await self.scripts.execute(build))[: len(groups)]
+        if stale := [i for i, reply in enumerate(results) if _off_node(reply)]:
+            groups, results = await self._by_slot_again(groups, results, stale, now)
         out = Published()
         finals: list[tuple[InFlight, JobResult]] = []
         for group, reply in zip(groups, results, strict=True):
@@ -120,14 +127,32 @@ class Publisher:
         return out
 
     def _groups(self, batches: list[Batch]) -> list[list[Batch]]:
-        """The batches one APPEND call may write together: all of them on one node; on a cluster those
-        of one hash slot (a script's keys must share it; a job's keys share its hash tag)."""
+        """The batches one APPEND call writes together: all of them on one node; on a cluster those
+        its client's map puts on one node (a job's keys share its hash tag, so its slot)."""
         if not self.cluster:
             return [batches] if batches else []
-        by_slot: dict[int, list[Batch]] = {}
+        by_node: dict[str, list[Batch]] = {}
         for batch in batches:
-            by_slot.setdefault(key_slot(self.keys.job(batch[0].job_id).encode()), []).append(batch)
-        return list(by_slot.values())
+            node = self.redis.get_node_from_key(self.keys.job(batch[0].job_id))  # type: ignore[attr-defined]
+            by_node.setdefault(node.name, []).append(batch)
+        return list(by_node.values())
+
+    async def _by_slot_again(self, groups: list[list[Batch]], results: list[object], stale: list[int],
+                             now: float) -> tuple[list[list[Batch]], list[object]]:
+        """A node's call reached a key of a slot the node no longer serves (the slot moved: a
+        failover, a resharding): its jobs are written again one slot a call, which redis-py routes
+        (and follows to the slot's new node)."""
+        log.info("%d APPEND call(s) reached a slot their node no longer serves: writing by slot", len(stale))
+        again = [
+            [batch for batch in groups[i] if self._slot(batch) == slot]
+            for i in stale for slot in dict.fromkeys(self._slot(batch) for batch in groups[i])
+        ]
+        replies = await self.scripts.execute(lambda pipe: [self._append(pipe, group, now) for group in again])
+        kept = [i for i in range(len(groups)) if i not in stale]
+        return [groups[i] for i in kept] + again, [results[i] for i in kept] + list(replies)
+
+    def _slot(self, batch: Batch) -> int:
+        return key_slot(self.keys.job(batch[0].job_id).encode())
 
     def _append(self, pipe: Pipeline, group: list[Batch], now: float) -> None:
         keys: list[str] = []
@@ -139,7 +164,10 @@ class Publisher:
             args += [event_entry_id(last.index), dump_events(events), int(first), int(last.final),
                      result.status.value if result else "",
                      result.model_dump_json(exclude_none=True) if result else "", last.index]
-        self.scripts.call(pipe, "append", keys, args)
+        if self.cluster and len({self._slot(batch) for batch in group}) > 1:  # a node's, of several slots
+            self.scripts.call(pipe, "append_node", keys[:1], [*args, *keys[1:], len(keys)])
+        else:
+            self.scripts.call(pipe, "append", keys, args)
 
     async def ack(self, refs: list[EntryRef]) -> None:
         """Acknowledge and delete entries of the jobs streams: they keep only unfinished jobs. One
@@ -163,3 +191,8 @@ class Publisher:
         )
         if self.observer is not None:
             self.observer.dead_lettered()
+
+
+def _off_node(reply: object) -> bool:
+    """An APPEND_NODE call that reached a key its node does not serve (the server's words)."""
+    return isinstance(reply, ResponseError) and "non local key" in str(reply)

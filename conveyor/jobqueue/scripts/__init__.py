@@ -8,7 +8,8 @@
 - `batches.py`: the Batch API's state moves, line claims and per-batch lease.
 
 Each script touches the keys of one hash slot (the keys it declares, and a job's channel, which
-carries the job's hash tag), so the layout runs on Redis Cluster (tests/worker/test_slots.py).
+carries the job's hash tag), so the layout runs on Redis Cluster (tests/worker/test_slots.py); one
+does not, on purpose: `worker.APPEND_NODE` writes a cluster node's jobs of several slots in one call.
 A script called on its own is registered with `redis.register_script(script.source)` (redis-py sends
 EVALSHA and loads it on NOSCRIPT). Inside a pipeline redis-py's cluster pipeline refuses its script
 helpers, so a script is sent as an EVALSHA command after a SCRIPT LOAD (`worker.Scripts`, which loads

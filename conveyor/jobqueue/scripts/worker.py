@@ -54,8 +54,8 @@ APPEND_FIELDS = ("entry id", "events JSON", "first token (0/1)", "final (0/1)", 
                  "final index")  # per job, after the 5 common arguments
 
 # Appends each job's new events (one entry, conveyor/wire/event_batch.py) if this worker still owns
-# the job — one ownership check per job per call, and one call per step for all the jobs whose keys
-# share a node's script (all of them on one node, a slot's on a cluster): XADD (the ID follows the
+# the job — one ownership check per job per call, and one call per step for all the jobs of a node
+# (on a cluster, those of several slots through APPEND_NODE, below): XADD (the ID follows the
 # batch's last index, so a duplicate is refused); milestones; on the final event the record (with the
 # final event's index, what a replay after the window needs) and the TTLs: the record's `result_ttl`,
 # the per-token events' `replay_window` (docs/operations/redis.md#memory-per-job). And it says
@@ -64,20 +64,14 @@ APPEND_FIELDS = ("entry id", "events JSON", "first token (0/1)", "final (0/1)", 
 # (conveyor/worker/publisher.py). Only a refused duplicate counts as "already there": any other XADD
 # error (OOM under maxmemory) is the script's error, so the publisher retries the step instead of
 # counting an event unwritten.
-APPEND = Script(
-    keys=("each job's record, then its event stream, ...",),
-    argv=("worker id", "maxlen", "now", "record ttl", "events ttl",
-          f"per job: {', '.join(APPEND_FIELDS)}, ..."),
-    returns="{per job: 0: not the owner (another worker took the job over), 1: written, "
-            "2: was already there; per job: the api processes that follow it (`watched`, '' for none)}",
-    source=f"""
-local jobs = #KEYS / 2
-if #ARGV ~= 5 + {len(APPEND_FIELDS)} * jobs then
+_APPEND_BODY = f"""
+local jobs = nk / 2
+if na ~= 5 + {len(APPEND_FIELDS)} * jobs then
   return redis.error_reply('APPEND: 2 keys and {len(APPEND_FIELDS)} arguments per job')
 end
 local out, followed = {{}}, {{}}
 for j = 1, jobs do
-  local record, events, a = KEYS[2 * j - 1], KEYS[2 * j], 5 + {len(APPEND_FIELDS)} * (j - 1)
+  local record, events, a = K[2 * j - 1], K[2 * j], 5 + {len(APPEND_FIELDS)} * (j - 1)
   local owner = redis.call('HMGET', record, '{F.WORKER}', '{F.WATCHED}')
   local code = 0
   if owner[1] == ARGV[1] then
@@ -102,7 +96,34 @@ for j = 1, jobs do
   followed[j] = owner[2] or ''
 end
 return {{out, followed}}
-""",
+"""
+
+APPEND = Script(
+    keys=("each job's record, then its event stream, ...",),
+    argv=("worker id", "maxlen", "now", "record ttl", "events ttl",
+          f"per job: {', '.join(APPEND_FIELDS)}, ..."),
+    returns="{per job: 0: not the owner (another worker took the job over), 1: written, "
+            "2: was already there; per job: the api processes that follow it (`watched`, '' for none)}",
+    source="local K, nk, na = KEYS, #KEYS, #ARGV" + _APPEND_BODY,
+)
+
+# APPEND for jobs of several hash slots served by one cluster node: a cluster's server refuses
+# declared keys of two slots (CROSSSLOT), but lets a script flagged allow-cross-slot-keys touch keys
+# of any slot it serves; so only the first job's record is declared (the call goes to its node) and
+# the other keys follow APPEND's arguments. A key the node does not serve (its slot moved since the
+# worker's map was read) fails the call where it is reached ("non local key"); what it wrote before is
+# written again by the per-slot APPEND the publisher falls back to, as idempotently as a re-run
+# pipeline.
+APPEND_NODE = Script(
+    keys=("the first job's record (the call goes to its node)",),
+    argv=(*APPEND.argv[:-1], f"per job: {', '.join(APPEND_FIELDS)}; then the other keys (the first job's "
+          "event stream, each other job's record and event stream); last, how many keys (KEYS[1] too) ..."),
+    returns="as APPEND",
+    source="""#!lua flags=allow-cross-slot-keys
+local nk = tonumber(ARGV[#ARGV])
+local na = #ARGV - nk
+local K = {KEYS[1]}
+for i = 2, nk do K[i] = ARGV[na + i - 1] end""" + _APPEND_BODY,
 )
 
 
@@ -232,8 +253,8 @@ return 0
 
 def worker_scripts() -> dict[str, Script]:
     """The worker's scripts by name."""
-    return {"take": TAKE, "append": APPEND, "keep": KEEP, "read": READ, "forget": FORGET,
-            "sweep": SWEEP, "depth": DEPTH}
+    return {"take": TAKE, "append": APPEND, "append_node": APPEND_NODE, "keep": KEEP, "read": READ,
+            "forget": FORGET, "sweep": SWEEP, "depth": DEPTH}
 
 
 class Scripts:
