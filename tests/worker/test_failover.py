@@ -94,7 +94,11 @@ async def test_a_job_that_kills_its_worker_every_time_is_dead_lettered(fleet, ma
 
 
 async def test_a_long_job_on_a_healthy_worker_is_never_taken_over(fleet, make_spec) -> None:  # type: ignore[no-untyped-def]
-    fleet.start("w0", "w1")
+    # The simulated engine at 5 ms a step (its KV cache allocates nothing): the job outlasts three
+    # leases however fast the machine (the tiny model made its 4000 tokens in under three 2 s leases
+    # on a quiet one).
+    fleet.start("w0", "w1", CONVEYOR_ENGINE="sim", CONVEYOR_SIM_STEP_FIXED_MS="5", CONVEYOR_SIM_WEIGHT_GB="0",
+                CONVEYOR_SIM_PREFILL_GFLOP_PER_TOKEN="0", CONVEYOR_KV_CACHE_MEMORY="8GiB")
     await fleet.wait_ready()
     lease_ms = int(fleet.env["CONVEYOR_JOB_LEASE_MS"])
     job_id = await fleet.submit(make_spec(PROMPT, max_new_tokens=4000))  # runs until cancelled below
