@@ -52,8 +52,10 @@ $(STAMP): pyproject.toml Makefile
 browser:
 	apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver
 
+# ruff, and mypy over the package (clean since 2026-12-07; the tests and benchmarks are not typed to it).
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy conveyor
 
 # The docs site from docs/ (mkdocs.yml), strict: a broken link or a page missing from the nav fails.
 docs: $(STAMP)

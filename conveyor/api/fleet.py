@@ -14,6 +14,7 @@ from conveyor.api.errors import REDIS_FAULTS
 from conveyor.wire.health import Ready
 from conveyor.wire.heartbeat import WorkerInfo
 
+_NOT_WRITABLE: tuple[type[BaseException], ...] = (*REDIS_FAULTS, RedisClusterException)
 PROBE_TTL_S = 60  # the readiness probe's key outlives a few probes, then goes with its api
 
 
@@ -45,7 +46,7 @@ async def ready_state(ctx: ApiContext) -> Ready:
     try:
         await redis.set(keys.api_probe(ctx.api_id), int(now), ex=PROBE_TTL_S)
         failing = await failing_primaries(redis)
-    except (*REDIS_FAULTS, RedisClusterException) as exc:
+    except _NOT_WRITABLE as exc:
         return Ready(status="not_ready", redis=False, relay=relay, workers=-1,
                      reason=f"Redis does not accept writes: {type(exc).__name__}: {exc}")
     if failing:

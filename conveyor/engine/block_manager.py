@@ -272,7 +272,8 @@ class BlockManager:
     def cached_hashes(self, limit: int) -> list[int]:
         """Up to `limit` hashes of the prefix cache's blocks, the likeliest to be hit first: those
         sequences hold now, then free ones, most recently freed first (the last to be evicted)."""
-        out = [h for h, block_id in self._cached.items() if self.blocks[block_id].ref_count > 0][:limit]
+        out: list[int] = [h for h, block_id in self._cached.items() if self.blocks[block_id].ref_count > 0]
+        del out[limit:]
         for block_id in reversed(self._free):  # hashed free blocks sit at the back, unhashed at the front
             if len(out) >= limit:
                 break

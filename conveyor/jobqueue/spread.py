@@ -27,8 +27,9 @@ async def check_spread(redis: Redis | RedisCluster, keys: Keys) -> dict[str, int
     try:
         await redis.initialize()  # the slot map, if no command has read it yet
         primaries = sorted(node.name for node in redis.get_primaries())
-        held = Counter(redis.get_node_from_key(keys.shard_prefix(shard)).name
-                       for shard in range(keys.jobs_shards))
+        # get_node_from_key raises SlotNotCoveredError, never answers None as its type says.
+        held = Counter(node.name for shard in range(keys.jobs_shards)
+                       if (node := redis.get_node_from_key(keys.shard_prefix(shard))) is not None)
     except (RedisError, RedisClusterException) as exc:  # a slot not served now: checked at next start
         log.warning("could not read where the queue's shards live: %s: %s", type(exc).__name__, exc)
         return None

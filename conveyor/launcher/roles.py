@@ -173,7 +173,8 @@ def run_worker(settings: Settings, worker_id: str | None) -> int:
         try:
             await worker.run()
         except RedisConnectionError as exc:
-            raise SystemExit(f"conveyor worker: cannot reach Redis at {redact(settings.redis_url)} ({exc}): "
+            url = redact(settings.redis_url or "")
+            raise SystemExit(f"conveyor worker: cannot reach Redis at {url} ({exc}): "
                              "start it, or point REDIS_URL at a running one") from None
         finally:
             await redis.aclose()

@@ -87,7 +87,8 @@ def serve(registry: CollectorRegistry, host: str, port: int, setting: str,
           health: Health | None = None) -> ThreadingHTTPServer:
     """`/metrics` on host:port from a daemon thread (a worker's or webhook process's own port), and
     `/health` when given (a worker's liveness: conveyor/worker/liveness.py)."""
-    handler = type("MetricsHandler", (_Handler,), {"registry": registry, "health": staticmethod(health)})
+    handle_health = None if health is None else staticmethod(health)
+    handler = type("MetricsHandler", (_Handler,), {"registry": registry, "health": handle_health})
     try:
         server = ThreadingHTTPServer((host, port), handler)
     except OSError as exc:

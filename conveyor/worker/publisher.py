@@ -20,12 +20,12 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.crc import key_slot
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisClusterException, ResponseError
 
 from conveyor.jobqueue.client import cluster_of
 from conveyor.jobqueue.keys import DEAD_LETTER_MAXLEN, WORKER_GROUP, Keys, event_entry_id
@@ -133,8 +133,11 @@ class Publisher:
             return [batches] if batches else []
         by_node: dict[str, list[Batch]] = {}
         for batch in batches:
-            node = self.redis.get_node_from_key(self.keys.job(batch[0].job_id))  # type: ignore[attr-defined]
-            by_node.setdefault(node.name, []).append(batch)
+            try:
+                node = self.redis.get_node_from_key(self.keys.job(batch[0].job_id)).name  # type: ignore[attr-defined]
+            except RedisClusterException:  # a slot no node serves now (mid-failover): its own call
+                node = f"slot {self._slot(batch)}"
+            by_node.setdefault(node, []).append(batch)
         return list(by_node.values())
 
     async def _by_slot_again(self, groups: list[list[Batch]], results: list[object], stale: list[int],
@@ -147,7 +150,11 @@ class Publisher:
             [batch for batch in groups[i] if self._slot(batch) == slot]
             for i in stale for slot in dict.fromkeys(self._slot(batch) for batch in groups[i])
         ]
-        replies = await self.scripts.execute(lambda pipe: [self._append(pipe, group, now) for group in again])
+        def build(pipe: Pipeline) -> None:
+            for group in again:
+                self._append(pipe, group, now)
+
+        replies = await self.scripts.execute(build)
         kept = [i for i in range(len(groups)) if i not in stale]
         return [groups[i] for i in kept] + again, [results[i] for i in kept] + list(replies)
 
@@ -183,12 +190,11 @@ class Publisher:
 
     async def dead_letter(self, entry: Entry, reason: str) -> None:
         """Copy an entry to the dead-letter stream; the caller then ends the job and acknowledges."""
-        await self.redis.xadd(
-            self.keys.dead_letter_stream,
-            {**entry.fields, "entry_id": entry.entry_id, "stream": entry.stream,
-             "deliveries": entry.deliveries, "reason": reason, "worker": self.worker_id, "at": time.time()},
-            maxlen=DEAD_LETTER_MAXLEN, approximate=True,
-        )
+        fields: dict[Any, Any] = {  # redis-py's stubs: not dict[str, str]
+            **entry.fields, "entry_id": entry.entry_id, "stream": entry.stream,
+            "deliveries": entry.deliveries, "reason": reason, "worker": self.worker_id, "at": time.time()}
+        await self.redis.xadd(self.keys.dead_letter_stream, fields, maxlen=DEAD_LETTER_MAXLEN,
+                              approximate=True)
         if self.observer is not None:
             self.observer.dead_lettered()
 

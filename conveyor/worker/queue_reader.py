@@ -46,6 +46,7 @@ from conveyor.jobqueue.scripts.worker import Scripts
 from conveyor.worker.placement import WorkerAffinity
 
 READ_BLOCK_MS = 1000
+Reply = list[tuple[str, list[Any]]] | None  # XREADGROUP's, decoded: (stream, [(entry id, fields), ...]) each
 
 
 def _entries(stream: str, items: list[Any]) -> list[Entry]:
@@ -142,8 +143,8 @@ class QueueReader:
         for shard in range(self.keys.jobs_shards):
             if len(out) >= room or not (own := self.affinity.own(shard)):
                 continue
-            reply = await self.redis.xreadgroup(WORKER_GROUP, self.worker_id, {own[0]: ">"},
-                                                count=room - len(out))
+            reply: Reply = await self.redis.xreadgroup(WORKER_GROUP, self.worker_id,  # type: ignore[assignment]
+                                                       {own[0]: ">"}, count=room - len(out))
             out += [entry for stream, items in reply or [] for entry in _entries(stream, items)]
         return out
 
@@ -196,8 +197,8 @@ class QueueReader:
 
     async def _block(self, shard: int, room: int) -> list[Entry]:
         streams = dict.fromkeys(self.keys.shard_streams(shard), ">")
-        reply = await self.redis.xreadgroup(WORKER_GROUP, self.worker_id, streams, count=room,  # type: ignore[arg-type]
-                                            block=READ_BLOCK_MS)
+        reply: Reply = await self.redis.xreadgroup(  # type: ignore[assignment]
+            WORKER_GROUP, self.worker_id, streams, count=room, block=READ_BLOCK_MS)  # type: ignore[arg-type]
         return [entry for stream, items in reply or [] for entry in _entries(stream, items)]
 
     async def _doorbell(self, shard: int) -> list[Entry]:

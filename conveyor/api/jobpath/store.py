@@ -7,6 +7,7 @@ import time
 import uuid
 from contextlib import suppress
 from dataclasses import dataclass
+from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
@@ -108,7 +109,7 @@ class JobStore:
         """Queues the job's entry on its stream: the own stream of the worker holding its prompt's
         prefix (conveyor/api/jobpath/placement.py), else the shared one of its shard (its id's) and band
         (its priority's), of its model's queue (`spec.model`)."""
-        fields = {"id": spec.id, "spec": payload}
+        fields: dict[Any, Any] = {"id": spec.id, "spec": payload}  # redis-py's stubs: not dict[str, str]
         if self.placement_for(spec.model).enqueue(pipe, spec, fields) is None:
             keys = self.keys.for_model(spec.model)
             pipe.xadd(keys.stream_of(spec.id, spec.priority, self.settings.priority_bands), fields)
@@ -156,7 +157,7 @@ class JobStore:
         }
         if followed:
             record[RecordField.WATCHED] = self.follower
-        pipe.hset(self.keys.job(spec.id), mapping=record)
+        pipe.hset(self.keys.job(spec.id), mapping=record)  # type: ignore[arg-type]
         self.tenants.add(pipe, spec)
         await self.enqueue_after(pipe, spec, payload)
 
@@ -211,7 +212,7 @@ class JobStore:
         for _ in range(CLAIM_TRIES):
             if await self.redis.set(idem, claim, nx=True, ex=ttl):
                 return None
-            value = await self.redis.get(idem)
+            value: str | None = await self.redis.get(idem)  # type: ignore[assignment]  # decoded replies
             if value is None:  # expired just now: claim it again
                 continue
             earlier = await self._replay(value, fingerprint)
@@ -283,4 +284,4 @@ class JobStore:
             self.webhooks.notify(spec, "completed")
 
     async def record(self, job_id: str) -> dict[str, str]:
-        return await self.redis.hgetall(self.keys.job(job_id))
+        return await self.redis.hgetall(self.keys.job(job_id))  # type: ignore[return-value]  # decoded

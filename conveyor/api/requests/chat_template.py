@@ -10,11 +10,15 @@ free of torch (tests/api/test_chat_template.py checks it).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from jinja2.exceptions import TemplateError
 from transformers.utils.chat_template_utils import _compile_jinja_template, render_jinja_template
+
+# transformers annotates it `-> str`; it returns (the rendered conversations, generation indices).
+_render: Callable[..., tuple[list[str], Any]] = render_jinja_template  # type: ignore[assignment]
 
 
 class ChatTemplateError(ValueError):
@@ -60,7 +64,7 @@ class ChatTemplate:
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                tools: list[dict[str, Any]] | None = None) -> str:
         try:
-            rendered, _ = render_jinja_template(
+            rendered, _ = _render(
                 conversations=[messages], tools=tools, chat_template=self._source,
                 add_generation_prompt=add_generation_prompt, **self._special,
             )

@@ -22,6 +22,7 @@ MEDIA_TYPE = "text/event-stream"
 KEEP_ALIVE = ": keep-alive\n\n"  # a comment line: clients ignore it, proxies see traffic
 DONE = "data: [DONE]\n\n"  # OpenAI's end of stream
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # no proxy buffering
+_ENDS_A_STREAM: tuple[type[BaseException], ...] = (ApiError, *REDIS_FAULTS)  # with an error event
 READY_CHUNKS = 64  # rendered events a stream holds for a slow client; then the relay's buffer fills
 
 
@@ -66,7 +67,7 @@ async def guarded(chunks: AsyncIterator[str], error_event: Callable[[ApiError], 
     try:
         async for chunk in together(chunks):
             yield chunk
-    except (ApiError, *REDIS_FAULTS) as exc:
+    except _ENDS_A_STREAM as exc:
         log.warning("a stream ended early (%s: %s)", type(exc).__name__, exc)
         yield error_event(_mid_stream(exc))
 

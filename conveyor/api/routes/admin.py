@@ -134,7 +134,8 @@ async def list_dead_letters(
 
 
 async def _entry(ctx: ApiContext, entry_id: str) -> dict[str, str]:
-    entries: list[Any] = await ctx.jobs.redis.xrange(ctx.jobs.keys.dead_letter_stream, entry_id, entry_id)
+    entries: list[Any] = await ctx.jobs.redis.xrange(  # type: ignore[assignment]  # decoded replies
+        ctx.jobs.keys.dead_letter_stream, entry_id, entry_id)
     if not entries:
         raise NotFound(f"no dead-letter entry {entry_id!r} (deleted or requeued already?)", param="entry_id")
     fields: dict[str, str] = entries[0][1]
@@ -158,7 +159,7 @@ async def requeue_dead_letter(
         raise InvalidRequest(f"dead-letter entry {entry_id} holds no job spec this api can read (written by "
                              "another version?): it cannot be requeued; delete it and resubmit the job",
                              param="entry_id")
-    status = await redis.hget(keys.job(spec.id), RecordField.STATUS)
+    status: str | None = await redis.hget(keys.job(spec.id), RecordField.STATUS)  # type: ignore[assignment]
     if status is not None and not JobStatus(status).is_terminal:
         raise Conflict(f"job {spec.id} is {status} already (requeued before?): wait for it to end, or "
                        "cancel it first", param="entry_id")

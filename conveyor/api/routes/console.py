@@ -19,6 +19,7 @@ import asyncio
 import heapq
 import time
 from pathlib import Path
+from typing import cast
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
@@ -159,8 +160,10 @@ async def overview(request: Request, caller: str = Depends(tenant)) -> Overview:
     admin = is_admin(auth, caller, ctx.settings)
     now = time.time()
     catalog = ctx.models.catalog
-    workers, jobs, *depths = await asyncio.gather(
+    answers = await asyncio.gather(  # in parallel; a gather of mixed calls types each answer as object
         live_workers(ctx), job_counts(ctx, now), *(ctx.jobs.queue_depth(q) for q in catalog.queues))
+    workers, jobs = cast(list[WorkerInfo], answers[0]), cast(JobCounts, answers[1])
+    depths = cast(list[tuple[int, int]], answers[2:])
     models = [ModelQueue(name=name, aliases=catalog.aliases_of(name), queued=queued, running=running,
                          workers=sum(w.model == name for w in workers))
               for name, (queued, running) in zip(catalog.names, depths, strict=True)]

@@ -25,13 +25,15 @@ class StackedModel(Protocol):
     """What the LayerStack is built from (the Llama model)."""
 
     fused: Any  # the fused ops' extension, None where it is not built
-    layers: Sequence[Any]  # input_norm, qkv, o, post_norm, gate_up, down, window each
     norm_lanes: int
     silu: bool
     num_heads: int
     num_kv_heads: int
     head_dim: int
     eps: float
+
+    @property
+    def layers(self) -> Sequence[Any]: ...  # input_norm, qkv, o, post_norm, gate_up, down, window each
 
 
 def build_layer_stack(model: StackedModel) -> Any:

@@ -186,7 +186,8 @@ class Llama:
         if self.layer_stack is not None and self.fused is not None and self.fused_norm and self.norm_lanes:
             plan = native_plan(attention, meta)
             if plan is not None:
-                return self._native_layers(h, cos, sin, n_real, norm_out, qk, plan, k_cache, v_cache)
+                return self._native_layers(self.fused, h, cos, sin, n_real, norm_out, qk, plan, k_cache,
+                                           v_cache)
         q, k = qk[:n_real, :heads], qk[:n_real, heads:]
         v_cols = slice((heads + kv) * hd, None)
         sliced = self.device.type == "cpu" and n_tok > MLP_ROWS  # see _mlp
@@ -207,15 +208,16 @@ class Llama:
         return h[:n_real]
 
     def _native_layers(
-        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_real: int, norm_out: torch.Tensor,
-        qk: torch.Tensor, plan: NativePlan, k_cache: list[torch.Tensor], v_cache: list[torch.Tensor],
+        self, fused: ModuleType, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_real: int,
+        norm_out: torch.Tensor, qk: torch.Tensor, plan: NativePlan, k_cache: list[torch.Tensor],
+        v_cache: list[torch.Tensor],
     ) -> torch.Tensor:
         """The loop below in one C++ call (layer_loop.cpp): the same kernels in the same order, the
         same bits, without the interpreter between them (and without the GIL)."""
         n_tok = h.shape[0]
         act = self._buffer("act", (min(n_tok, MLP_ROWS), self.intermediate_size))
         att = self._buffer("att", (n_tok, self.num_heads, self.head_dim))
-        step = self.fused.StepAttention(plan.slots, plan.decode_tables, plan.context, plan.prefill_tables,
+        step = fused.StepAttention(plan.slots, plan.decode_tables, plan.context, plan.prefill_tables,
                                         plan.starts, plan.lens, plan.scale)
         out = self.layer_stack.forward(h, cos, sin, n_real, norm_out, qk, act, att, k_cache, v_cache, step)
         if self.observer is not None:
