@@ -146,17 +146,22 @@ class Publisher:
         failover, a resharding): its jobs are written again one slot a call, which redis-py routes
         (and follows to the slot's new node)."""
         log.info("%d APPEND call(s) reached a slot their node no longer serves: writing by slot", len(stale))
-        again = [
-            [batch for batch in groups[i] if self._slot(batch) == slot]
-            for i in stale for slot in dict.fromkeys(self._slot(batch) for batch in groups[i])
-        ]
+        again = [group for i in stale for group in self._by_slot(groups[i])]
+
         def build(pipe: Pipeline) -> None:
             for group in again:
                 self._append(pipe, group, now)
 
         replies = await self.scripts.execute(build)
-        kept = [i for i in range(len(groups)) if i not in stale]
+        stale_set = set(stale)
+        kept = [i for i in range(len(groups)) if i not in stale_set]
         return [groups[i] for i in kept] + again, [results[i] for i in kept] + list(replies)
+
+    def _by_slot(self, batches: list[Batch]) -> list[list[Batch]]:
+        by_slot: dict[int, list[Batch]] = {}
+        for batch in batches:
+            by_slot.setdefault(self._slot(batch), []).append(batch)
+        return list(by_slot.values())
 
     def _slot(self, batch: Batch) -> int:
         return key_slot(self.keys.job(batch[0].job_id).encode())
