@@ -3,23 +3,25 @@
     python -m benchmarks.sim_fleet                                  # 1 and 2 workers, 64 streams × 128 tokens
     python -m benchmarks.sim_fleet --workers 1,2,4 --clients 128 --tokens 256 --step-ms 20
     python -m benchmarks.sim_fleet --async-jobs                     # /v1/jobs polled: nobody listens
+    python -m benchmarks.sim_fleet --dialect openai                 # streamed chat completions
     python -m benchmarks.sim_fleet --cluster 3                      # a 3-primary Redis Cluster, 3 shards
 
 Per run, on a fresh valkey-server: the api and W workers with `--engine sim`
 (docs/operations/simulated-engine.md) as real processes, and C streaming clients (TGI
-`/generate_stream`, greedy, exactly M tokens: the sim never draws EOS) each running J jobs one after
-another. The Redis counters are read before and after (benchmarks/redis_fleet.py: INFO commandstats,
-stats, cpu): commands, bytes in/out and server CPU µs per generated token (and of it the time
-inside commands, commandstats' usec: the rest is the server's network and event loop), the
-commands' mix (calls and µs per token), and the
+`/generate_stream`, or OpenAI `/v1/chat/completions` with `--dialect openai`; greedy, exactly M
+tokens: the sim never draws EOS) each running J jobs one after another. The Redis counters are read
+before and after (benchmarks/redis_fleet.py: INFO commandstats, stats, cpu): commands, bytes in/out
+and server CPU µs per generated token (and of it the time inside commands, commandstats' usec: the
+rest is the server's network and event loop), the commands' mix (calls and µs per token), and the
 tokens/s the fleet reached; the api's and the workers' main threads' CPU µs per token (/proc, as
-benchmarks/procstat.py reads it); and the transport's added latency, from the worker's stamp when the
-engine emitted a token to the api's relay receiving it (the api's conveyor_relay_lag_seconds
+benchmarks/procstat.py reads it); and the transport's added latency, from the worker's stamp when
+the engine emitted a token to the api's relay receiving it (the api's conveyor_relay_lag_seconds
 histogram: p50 and p99 as the bucket bound they fall in). Unlike redis_cost, the api's relay and the
 SSE clients are on the path; `--async-jobs` submits to /v1/jobs and polls instead (nobody listens).
 `--cluster N`: an N-primary Redis Cluster on loopback instead of one node (the queue in N shards);
-the counters are summed over the nodes. `--step-ms`: the sim's whole modelled step (sim_step_fixed_ms,
-with weights and prefill at 0); the default 15 ms is an 8B model's decode step at batch ~64 on an H200.
+the counters are summed over the nodes. `--step-ms`: the sim's whole modelled step
+(sim_step_fixed_ms, with weights and prefill at 0); the default 15 ms is an 8B model's decode step
+at batch ~64 on an H200.
 """
 
 from __future__ import annotations
@@ -78,15 +80,22 @@ async def _poller(base_url: str, jobs: int, tokens: int, offset: int) -> int:
     return got
 
 
-async def _client(base_url: str, jobs: int, tokens: int, offset: int) -> int:
-    got = 0
+def _stream_request(dialect: str, prompt: str, tokens: int) -> tuple[str, dict[str, object]]:
+    if dialect == "openai":
+        return "/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}],
+                                        "max_tokens": tokens, "stream": True}
+    return "/generate_stream", {"inputs": prompt, "parameters": {"max_new_tokens": tokens}}
+
+
+async def _client(base_url: str, jobs: int, tokens: int, offset: int, dialect: str) -> int:
+    got = 0  # events with a token: TGI's StreamResponses, OpenAI's chunks (not `[DONE]`)
     async with httpx.AsyncClient(base_url=base_url, timeout=300) as http:
         for j in range(jobs):
-            body = {"inputs": f"job {offset}-{j}: plan the fleet", "parameters": {"max_new_tokens": tokens}}
-            async with http.stream("POST", "/generate_stream", json=body) as r:
+            path, body = _stream_request(dialect, f"job {offset}-{j}: plan the fleet", tokens)
+            async with http.stream("POST", path, json=body) as r:
                 r.raise_for_status()
                 async for line in r.aiter_lines():
-                    got += line.startswith("data:")
+                    got += line.startswith("data:") and line != "data: [DONE]"
     return got
 
 
@@ -95,8 +104,9 @@ async def _load(base_url: str, redis_url: str, args: argparse.Namespace) -> tupl
     try:
         before = await read_counters(nodes)
         started = time.perf_counter()
-        client = _poller if args.async_jobs else _client
-        clients = (client(base_url, args.jobs, args.tokens, c) for c in range(args.clients))
+        clients = (_poller(base_url, args.jobs, args.tokens, c) if args.async_jobs
+                   else _client(base_url, args.jobs, args.tokens, c, args.dialect)
+                   for c in range(args.clients))
         counts = await asyncio.gather(*clients)
         seconds = time.perf_counter() - started
         await asyncio.sleep(0.5)  # the workers' last acknowledgements
@@ -138,7 +148,7 @@ def one_run(args: argparse.Namespace, workers: int, model: Path, tmp: Path) -> S
 
 
 def print_runs(runs: list[SimRun], args: argparse.Namespace) -> None:
-    kind = "polling (async jobs)" if args.async_jobs else "streaming"
+    kind = "polling (async jobs)" if args.async_jobs else f"streaming ({args.dialect})"
     redis = f"a {args.cluster}-primary cluster (counters summed)" if args.cluster else "one Redis node"
     print(f"\n{args.clients} {kind} clients × {args.jobs} jobs × {args.tokens} tokens, "
           f"simulated step {args.step_ms} ms, {redis}")
@@ -169,6 +179,8 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=128, help="generated tokens per job")
     parser.add_argument("--step-ms", type=float, default=15.0, help="the simulated step time, ms")
     parser.add_argument("--async-jobs", action="store_true", help="submit to /v1/jobs and poll: no listener")
+    parser.add_argument("--dialect", choices=("tgi", "openai"), default="tgi",
+                        help="the streaming clients' API: TGI /generate_stream, OpenAI /v1/chat/completions")
     parser.add_argument("--cluster", type=int, default=0, metavar="N",
                         help="an N-primary Redis Cluster (the queue in N shards) instead of one node")
     args = parser.parse_args()

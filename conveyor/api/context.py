@@ -85,16 +85,16 @@ class ApiContext:
             log.warning("could not cancel a job whose client went away (%s: %s); its lease or deadline "
                         "ends it", type(exc).__name__, exc)
 
-    async def follow(self, job_id: str) -> AsyncIterator[JobEvent | None]:
-        """The job's events until its final one, with None for keep-alive pauses. If the consumer
-        stops first (its client went away), the job is cancelled: a sync or streaming request has no
-        one left to serve. (Async jobs are followed through the relay directly.)"""
+    async def follow(self, job_id: str) -> AsyncIterator[list[JobEvent] | None]:
+        """The job's events until its final one, in the relay's batches, with None for keep-alive
+        pauses. If the consumer stops first (its client went away), the job is cancelled: a sync or
+        streaming request has no one left to serve. (Async jobs are followed through the relay
+        directly.)"""
         finished = False
         try:
-            async for event in self.relay.events(job_id):
-                if event is not None and event.final:
-                    finished = True
-                yield event
+            async for batch in self.relay.batches(job_id):
+                finished = batch is not None and batch[-1].final
+                yield batch
                 if finished:
                     return
         finally:
@@ -106,7 +106,7 @@ class ApiContext:
         job is cancelled (its KV freed within a step) and ClientGone is raised."""
 
         async def gather() -> list[JobEvent]:
-            return [e async for e in self.follow(job_id) if e is not None]
+            return [e async for batch in self.follow(job_id) if batch is not None for e in batch]
 
         collecting = asyncio.create_task(gather())
         watching = asyncio.create_task(_disconnected(request))

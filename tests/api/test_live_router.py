@@ -1,5 +1,6 @@
 """The relay's router of its process channel (conveyor/api/jobpath/live_router.py), pure: a message's
-batches reach the clients of their own job only, in order, each event measured once; a signal
+batches reach the clients of their own job only, in order, one queue item a message, each event
+measured once; a signal
 reaches every client; a malformed message is dropped, not raised into the reader."""
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ def queued(listener: Listener) -> list[object]:
     out = []
     while not listener.queue.empty():
         item = listener.queue.get_nowait()
-        out.append(item if isinstance(item, Signal) else item.index)
+        out.append(item if isinstance(item, Signal) else [event.index for event in item])
     return out
 
 
@@ -32,7 +33,7 @@ def test_each_job_gets_its_own_events_and_every_job_the_signals() -> None:
     assert len(router) == 3 and "a" in router and "c" not in router
     router.message(dump_live({"a": dump_events([token(0), token(1)]), "b": dump_events([token(5)]),
                               "c": dump_events([token(9)])}))  # c: followed by a client gone since
-    assert queued(a1) == queued(a2) == [0, 1] and queued(b) == [5]
+    assert queued(a1) == queued(a2) == [[0, 1]] and queued(b) == [[5]]  # one item a message
     assert sorted(measured) == [0, 1, 5, 9]  # the lag of every live event, once
     router.put(Signal.RESYNC)
     assert queued(a1) == queued(a2) == queued(b) == [Signal.RESYNC]

@@ -51,11 +51,12 @@ async def wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> No
 async def collect(relay: Relay, job_id: str, after: int = -1,
                   into: list[int] | None = None) -> list[JobEvent]:
     events = []
-    async for event in relay.events(job_id, after=after):
-        if event is not None:
-            events.append(event)
+    async for batch in relay.batches(job_id, after=after):
+        if batch is not None:
+            assert batch, "a batch is never empty"
+            events += batch
             if into is not None:
-                into.append(event.index)
+                into += [event.index for event in batch]
     return events
 
 
@@ -77,6 +78,39 @@ async def test_backlog_then_live_without_gap_or_duplicate(redis) -> None:  # typ
         assert events[-1].final and events[-1].result is not None
         assert (relay.stats.replayed, relay.stats.live, relay.stats.resyncs) == (3, 7, 0)
         assert relay.num_clients == 0
+    finally:
+        await relay.stop()
+
+
+async def test_messages_queued_while_the_client_was_busy_come_as_one_batch(redis) -> None:  # type: ignore[no-untyped-def]
+    """One batch per wake-up: what queued up while the client's last write was under way is rendered
+    and written at once, not one token at a time."""
+    publisher = worker_publisher(redis)
+    relay = Relay(redis, KEYS, api_id=API)
+    await relay.start()
+    writing = asyncio.Event()  # the client's first write is under way until this is set
+    batches: list[list[int]] = []
+
+    async def client() -> None:
+        async for batch in relay.batches("j-b"):
+            if batch is not None:
+                batches.append([event.index for event in batch])
+                await writing.wait()
+
+    try:
+        job = await owned(redis, "j-b")
+        reader = asyncio.create_task(client())
+        await wait_until(lambda: relay.subscribed("j-b"))
+        await emit(publisher, [(job, token_event(0))])
+        await wait_until(lambda: batches == [[0]])
+        for i in range(1, 6):  # five messages
+            await emit(publisher, [(job, token_event(i, final=i == 5))])
+        (listener,) = relay.router._clients["j-b"]  # the client's queue: five messages wait in it
+        await wait_until(lambda: listener.queue.qsize() == 5)
+        writing.set()
+        await asyncio.wait_for(reader, 10)
+        assert batches == [[0], [1, 2, 3, 4, 5]]
+        assert (relay.stats.live, relay.stats.resyncs) == (6, 0)
     finally:
         await relay.stop()
 
@@ -131,12 +165,12 @@ async def test_slow_client_catches_up_from_the_stream(redis, monkeypatch) -> Non
 
     async def slow_reader() -> list[int]:
         seen: list[int] = []
-        async for event in relay.events("j3"):
-            if event is None:
+        async for batch in relay.batches("j3"):
+            if batch is None:
                 continue
-            seen.append(event.index)
-            if len(seen) == 1:
-                await published.wait()  # meanwhile 19 events arrive for a buffer of 2
+            seen += [event.index for event in batch]
+            if seen == [0]:
+                await published.wait()  # meanwhile 19 messages arrive for a buffer of 2
         return seen
 
     try:
@@ -209,8 +243,8 @@ async def test_keepalives_off_with_zero_and_on_otherwise(redis) -> None:  # type
         job = await owned(redis, "j-ka")
 
         async def raw(relay: Relay, into: list[JobEvent | None]) -> None:
-            async for item in relay.events("j-ka"):
-                into.append(item)
+            async for batch in relay.batches("j-ka"):
+                into += [None] if batch is None else batch
 
         silent_off: list[JobEvent | None] = []
         silent_on: list[JobEvent | None] = []

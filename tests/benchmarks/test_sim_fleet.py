@@ -1,6 +1,6 @@
 """benchmarks/sim_fleet.py end to end, small: the api, a simulated worker and streaming clients on one
-Redis node and on a 3-primary cluster; every token streamed arrives (the bench exits 1 otherwise) and
-the table has Redis's counts."""
+Redis node (TGI's stream) and on a 3-primary cluster (OpenAI's); every token streamed arrives (the
+bench exits 1 otherwise) and the table has Redis's counts."""
 
 from __future__ import annotations
 
@@ -32,6 +32,6 @@ def test_every_streamed_token_arrives_and_redis_work_is_counted() -> None:
 
 @pytest.mark.slow
 def test_on_a_cluster_every_streamed_token_arrives() -> None:
-    cells = run_sim_fleet("--cluster", "3")
+    cells = run_sim_fleet("--cluster", "3", "--dialect", "openai")
     assert cells[1] == "32"
     assert float(cells[4]) > 0 and float(cells[7]) > 0

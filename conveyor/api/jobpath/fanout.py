@@ -42,20 +42,21 @@ async def collect_all(ctx: ApiContext, specs: list[JobSpec], request: Request) -
 
 async def _pump(ctx: ApiContext, i: int, job_id: str, queue: asyncio.Queue[tuple[int, object]]) -> None:
     try:
-        async for event in ctx.follow(job_id):
-            await queue.put((i, event))
+        async for batch in ctx.follow(job_id):
+            await queue.put((i, batch))
     except Exception as exc:  # handed to the consumer, which raises it in the stream
         await queue.put((i, exc))
     finally:
         await queue.put((i, _END))
 
 
-Indexed = tuple[int, JobEvent | None]
+Indexed = tuple[int, list[JobEvent] | None]
 
 
 async def follow_all(ctx: ApiContext, specs: list[JobSpec]) -> AsyncGenerator[Indexed, None]:
-    """(job index, event) as the jobs' events arrive, None events being keep-alive pauses; ends when
-    every job's stream has ended. Closing it early cancels the jobs still running."""
+    """(job index, a batch of its events) as the jobs' events arrive (ApiContext.follow), None
+    batches being keep-alive pauses; ends when every job's stream has ended. Closing it early
+    cancels the jobs still running."""
     queue: asyncio.Queue[tuple[int, object]] = asyncio.Queue()
     tasks = [asyncio.create_task(_pump(ctx, i, spec.id, queue)) for i, spec in enumerate(specs)]
     try:

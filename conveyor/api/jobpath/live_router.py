@@ -48,9 +48,8 @@ class LiveRouter:
             log.warning("dropping a malformed live message")
             return
         for job_id, events in batches.items():
-            listeners = self._clients.get(job_id, ())
-            for event in events:
-                if self._on_event is not None:
+            if self._on_event is not None:
+                for event in events:
                     self._on_event(event)
-                for listener in listeners:
-                    listener.put(event)
+            for listener in self._clients.get(job_id, ()):
+                listener.put(events)  # shared: a listener's reader only reads it

@@ -33,6 +33,7 @@ from redis.exceptions import RedisClusterException, RedisError
 from conveyor.api.errors import ValidationError
 from conveyor.api.jobpath.alarm import Alarm
 from conveyor.api.jobpath.live_router import LiveRouter
+from conveyor.api.jobpath.live_run import Run
 from conveyor.jobqueue.keys import Keys, event_entry_id
 from conveyor.jobqueue.pubsub.sharded import subscriptions_for
 from conveyor.jobqueue.pubsub.subscriptions import Listener, Signal
@@ -162,9 +163,11 @@ class Relay:
                 backlog = await self.backlog(job_id, after)
         _check_after(job_id, after, backlog)
 
-    async def events(self, job_id: str, after: int = -1) -> AsyncIterator[JobEvent | None]:
+    async def batches(self, job_id: str, after: int = -1) -> AsyncIterator[list[JobEvent] | None]:
         """Yields the job's events with index > after, each once and in order, ending with the final
-        one (at once if the client saw the final event already).
+        one (at once if the client saw the final event already): in batches, each what one wake-up
+        found (a live message's events of the job, and those of every message queued behind it), so
+        that a dialect renders and writes them at once instead of passing each token through.
 
         Yields None when nothing arrived for `keepalive_s` (time for an SSE keep-alive comment).
         Raises StreamInterrupted when the rest cannot be delivered without a gap.
@@ -179,10 +182,11 @@ class Relay:
             self.router.add(job_id, listener)
             backlog = await self._backlog(job_id, last, watch=1)
             _check_after(job_id, after, backlog)
-            pending: JobEvent | None = None  # the live event past a gap: delivered once the stream fills it
+            pending: list[JobEvent] = []  # live events past a gap: delivered once the stream fills it
             while True:
                 if backlog.ended:
                     return
+                batch: list[JobEvent] = []
                 for event in backlog.events:
                     if event.index != last + 1 and not backlog.compacted:
                         raise StreamInterrupted(
@@ -190,21 +194,25 @@ class Relay:
                             "event stream (lost in a Redis restart?): read its result with GET "
                             f"/v1/jobs/{job_id}")
                     last = event.index
-                    self.stats.replayed += 1
-                    yield event
+                    batch.append(event)
                     if event.final:
-                        return
-                if pending is not None and pending.index == last + 1:
-                    last = pending.index
-                    self.stats.live += 1
-                    yield pending
-                    if pending.final:
-                        return
-                pending = None
+                        break
+                self.stats.replayed += len(batch)
+                # Past a second gap the rest is dropped: the next live message finds the gap again.
+                run = Run(last)
+                run.take(pending)
+                self.stats.live += len(run.events)
+                batch += run.events
+                if batch:
+                    last = batch[-1].index
+                    yield batch
+                if run.done or (batch and batch[-1].final):
+                    return
+                pending = []
                 listener.overflowed = False
                 keepalive_at = self._keepalive_at()
-                idle = False
-                while not listener.overflowed:
+                idle = resync = False
+                while not listener.overflowed and not resync:
                     item = await self._next(channel, listener, alarm, keepalive_at)
                     if item is None:
                         yield None
@@ -212,26 +220,32 @@ class Relay:
                         break
                     if isinstance(item, Signal):  # RESYNC (DOWN never leaves _next)
                         break
-                    if item.index <= last:  # already sent (from the stream, or published twice)
-                        if item.final:
-                            return
-                        continue
-                    if item.index > last + 1:  # a gap: missed live events, read them from the stream
-                        pending = item
-                        break
-                    last = item.index
-                    self.stats.live += 1
-                    yield item
-                    if item.final:
+                    run = Run(last)
+                    run.take(item)
+                    while run.open and not listener.queue.empty():  # what else came meanwhile
+                        queued = listener.queue.get_nowait()
+                        if queued is Signal.RESYNC:
+                            resync = True
+                            break
+                        if not isinstance(queued, Signal):
+                            run.take(queued)
+                    if run.events:
+                        last = run.events[-1].index
+                        self.stats.live += len(run.events)
+                        yield run.events
+                        keepalive_at = self._keepalive_at()
+                    if run.done:
                         return
-                    keepalive_at = self._keepalive_at()
+                    if run.gap:  # missed live events: read them from the stream
+                        pending = run.gap
+                        break
                 if idle:
                     backlog = await self._backlog(job_id, last)
                     continue
                 # A gap, an overflow or a reconnect: have the worker write what it holds and catch up
                 # from the durable stream (a live message that comes later comes after that write).
                 self.stats.resyncs += 1
-                if pending is None:  # overflowed or reconnected: what is queued may have holes
+                if not pending:  # overflowed or reconnected: what is queued may have holes
                     while not listener.queue.empty():
                         listener.queue.get_nowait()
                 backlog = await self._backlog(job_id, last, watch=2)
@@ -270,10 +284,11 @@ class Relay:
             delay = min(2 * delay, RETRY_MAX_S)
 
     async def _next(self, channel: str, listener: Listener, alarm: Alarm,
-                    keepalive_at: float) -> JobEvent | Signal | None:
-        """The listener's next event or RESYNC; None when a keep-alive is due. While the connection
-        that carries the channel is lost, waits for it (or for the channel to move to a node that
-        took over, on a cluster) at most `outage_timeout`, then raises StreamInterrupted."""
+                    keepalive_at: float) -> list[JobEvent] | Signal | None:
+        """The listener's next live message (its events of the job) or RESYNC; None when a keep-alive
+        is due. While the connection that carries the channel is lost, waits for it (or for the
+        channel to move to a node that took over, on a cluster) at most `outage_timeout`, then raises
+        StreamInterrupted."""
         queue = listener.queue
         while True:
             if not queue.empty():

@@ -4,14 +4,20 @@ the streaming and the whole answers of conveyor/api/routes/openai.py and by batc
 
 from __future__ import annotations
 
+from typing import Any
+
+from pydantic import BaseModel
+
 from conveyor.api.requests import tools
 from conveyor.api.responses.prompt_details import echo_logprobs, joined, prompt_of
 from conveyor.wire.job import ChoiceResult, EventToken, JobEvent, JobResult, JobSpec, PromptEventToken
 from conveyor.wire.openai import (
     AssistantMessage,
     ChatChoice,
+    ChatCompletionChunk,
     ChatCompletionRequest,
     ChoiceLogprobs,
+    Completion,
     CompletionLogprobs,
     CompletionUsage,
     PromptTokensDetails,
@@ -87,3 +93,20 @@ def summed_usage(parts: list[CompletionUsage]) -> CompletionUsage:
                            completion_tokens=sum(p.completion_tokens for p in parts),
                            total_tokens=sum(p.total_tokens for p in parts),
                            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
+
+
+class ChunkWriter:
+    """A stream's chunks (ChatCompletionChunk or Completion, one choice each) as JSON: the head, the
+    same in every chunk, is written once; a chunk's model built and dumped per token was most of a
+    streamed token's rendering. `usage` with include_usage: the field, null but where given."""
+
+    def __init__(self, model: type[ChatCompletionChunk] | type[Completion], head: dict[str, Any],
+                 include_usage: bool) -> None:
+        self._opening = model(**head, choices=[]).model_dump_json(exclude={"usage"}).removesuffix("]}")
+        self._include_usage = include_usage
+
+    def __call__(self, choice: BaseModel, usage: CompletionUsage | None = None) -> str:
+        shown = ""
+        if self._include_usage:
+            shown = ',"usage":' + (usage.model_dump_json(exclude_none=True) if usage else "null")
+        return f"{self._opening}{choice.model_dump_json()}]{shown}}}"

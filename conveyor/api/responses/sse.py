@@ -6,7 +6,6 @@ Each dialect renders its own payloads; how they go on the wire is decided here o
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 
@@ -23,7 +22,6 @@ KEEP_ALIVE = ": keep-alive\n\n"  # a comment line: clients ignore it, proxies se
 DONE = "data: [DONE]\n\n"  # OpenAI's end of stream
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # no proxy buffering
 _ENDS_A_STREAM: tuple[type[BaseException], ...] = (ApiError, *REDIS_FAULTS)  # with an error event
-READY_CHUNKS = 64  # rendered events a stream holds for a slow client; then the relay's buffer fills
 
 
 def sse(data: str, event_id: int | None = None, event: str | None = None) -> str:
@@ -63,45 +61,14 @@ def _mid_stream(exc: BaseException) -> ApiError:
 async def guarded(chunks: AsyncIterator[str], error_event: Callable[[ApiError], str]) -> AsyncIterator[str]:
     """The stream, ended by an error event in the dialect's shape when an error comes once the
     headers are sent (a status can no longer say it): Redis failing, the relay unable to go on
-    without a gap, or a refusal the stream found (e.g. a Last-Event-ID past the end)."""
+    without a gap, or a refusal the stream found (e.g. a Last-Event-ID past the end). Each chunk is
+    one write: a dialect renders a batch of the relay's events (what one wake-up found) as one."""
     try:
-        async for chunk in together(chunks):
+        async for chunk in chunks:
             yield chunk
     except _ENDS_A_STREAM as exc:
         log.warning("a stream ended early (%s: %s)", type(exc).__name__, exc)
         yield error_event(_mid_stream(exc))
-
-
-async def together(chunks: AsyncIterator[str], most: int = READY_CHUNKS) -> AsyncIterator[str]:
-    """The chunks, those rendered in one wake-up joined into one write: a worker sends a job's tokens
-    of several steps as one message (stream_interval_ms), and one socket send per token was the api's
-    largest cost per streamed token. The rendering runs as a task of its own that stops when this
-    generator does (the client went away: the chain's cleanup cancels the job as before)."""
-    ready: asyncio.Queue[str | BaseException | None] = asyncio.Queue(most)
-
-    async def render() -> None:
-        try:
-            async for chunk in chunks:
-                await ready.put(chunk)
-        except Exception as exc:  # noqa: BLE001 - re-raised where the stream is written
-            await ready.put(exc)
-        else:
-            await ready.put(None)
-
-    task = asyncio.get_running_loop().create_task(render())
-    try:
-        while True:
-            items = [await ready.get()]
-            while isinstance(items[-1], str) and not ready.empty():
-                items.append(ready.get_nowait())
-            if parts := [item for item in items if isinstance(item, str)]:
-                yield "".join(parts)
-            if items[-1] is None:
-                return
-            if isinstance(items[-1], BaseException):
-                raise items[-1]
-    finally:
-        task.cancel()  # not awaited: a cancelled response's scope would cancel the wait too
 
 
 def stream(chunks: AsyncIterator[str], error_event: Callable[[ApiError], str],

@@ -137,11 +137,11 @@ async def get_job(job_id: str, request: Request, tenant: str = Depends(tenant)) 
 
 
 async def _events(ctx: ApiContext, job_id: str, after: int) -> AsyncIterator[str]:
-    async for event in ctx.relay.events(job_id, after):
-        if event is None:
+    async for batch in ctx.relay.batches(job_id, after):
+        if batch is None:
             yield KEEP_ALIVE
         else:
-            yield sse(event.model_dump_json(exclude_none=True), event.index)
+            yield "".join(sse(event.model_dump_json(exclude_none=True), event.index) for event in batch)
 
 
 def error_event(error: ApiError) -> str:

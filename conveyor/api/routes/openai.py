@@ -24,6 +24,7 @@ from conveyor.api.requests import tools as tool_calls
 from conveyor.api.requests.choices import best, events_of
 from conveyor.api.requests.openai import chat_job, check_stream_options, completion_jobs
 from conveyor.api.responses.openai import (
+    ChunkWriter,
     chat_choice,
     chat_logprobs,
     completion_logprobs,
@@ -80,9 +81,9 @@ OpenAIBody = ChatCompletionRequest | CompletionRequest
 Ending = JobResult | ChoiceResult  # how the choice of a chunk ended: its job's result, or its own
 
 
-async def _one(ctx: ApiContext, spec: JobSpec) -> AsyncGenerator[tuple[int, JobEvent | None], None]:
-    async for event in ctx.follow(spec.id):
-        yield 0, event
+async def _one(ctx: ApiContext, spec: JobSpec) -> AsyncGenerator[tuple[int, list[JobEvent] | None], None]:
+    async for batch in ctx.follow(spec.id):
+        yield 0, batch
 
 
 async def _chunks(
@@ -92,7 +93,7 @@ async def _chunks(
     """The jobs' events as OpenAI chunks, interleaved as they come (`choice` renders an event as the
     choice of that `index`: job i's choice c is index i × n + c, as OpenAI numbers several prompts'
     choices; each choice ends with its own finish_reason), the usage chunk (summed) if asked for,
-    then `[DONE]`. With
+    then `[DONE]`; the chunks of one batch of events (ApiContext.follow) go out as one write. With
     include_usage every chunk carries `usage`: null but in the last, or with
     `continuous_usage_stats` the usage so far (prompts and the tokens generated until that chunk).
     A job that fails ends the stream with an error event; the others are then cancelled. `ended`:
@@ -100,27 +101,29 @@ async def _chunks(
     include_usage, continuous = body.include_usage, body.continuous_usage
     prompt_tokens, generated = sum(len(s.prompt_ids) for s in specs), 0
     results: dict[int, JobResult] = {}
-    events = _one(ctx, specs[0]) if len(specs) == 1 else follow_all(ctx, specs)
-    async with aclosing(events):
-        async for i, event in events:
-            if event is None:
+    write = ChunkWriter(model, head, include_usage)
+    batches = _one(ctx, specs[0]) if len(specs) == 1 else follow_all(ctx, specs)
+    async with aclosing(batches):
+        async for i, batch in batches:
+            if batch is None:
                 yield KEEP_ALIVE
                 continue
-            result: JobResult | None = None
-            if event.final:
-                result = event.result
-                ended.add(i)
-                if result is None or result.status is not JobStatus.SUCCEEDED:
-                    yield error_event(failure(result))
-                    return
-                results[i] = result
-            index = i * specs[i].n + event.choice
-            generated += event.token is not None
-            chunk = model(**head, choices=[choice(index, event, event.choice_end or result)])
-            so_far = CompletionUsage(prompt_tokens=prompt_tokens, completion_tokens=generated,
-                                     total_tokens=prompt_tokens + generated) if continuous else None
-            shown = {"usage": so_far and so_far.model_dump(exclude_none=True)} if include_usage else {}
-            yield sse(json.dumps({**chunk.model_dump(mode="json", exclude={"usage"}), **shown}))
+            chunks: list[str] = []
+            for event in batch:
+                result: JobResult | None = None
+                if event.final:
+                    result = event.result
+                    ended.add(i)
+                    if result is None or result.status is not JobStatus.SUCCEEDED:
+                        yield "".join([*chunks, error_event(failure(result))])
+                        return
+                    results[i] = result
+                index = i * specs[i].n + event.choice
+                generated += event.token is not None
+                so_far = CompletionUsage(prompt_tokens=prompt_tokens, completion_tokens=generated,
+                                         total_tokens=prompt_tokens + generated) if continuous else None
+                chunks.append(sse(write(choice(index, event, event.choice_end or result), so_far)))
+            yield "".join(chunks)
             if len(results) == len(specs):
                 break
     if include_usage and len(results) == len(specs):

@@ -101,30 +101,49 @@ def _failed(result: JobResult | None) -> str:
     return error_event(failure(result))
 
 
+def _token_chunk(event: JobEvent, token: EventToken) -> str:
+    """A StreamResponse of a token that does not end the stream, written without building it: the
+    api's hot path (one per streamed token). EventToken serializes as TGI's Token (the same fields,
+    in the same order); tests/api/test_tgi_stream_render.py holds the two to the same bytes."""
+    tops = ",".join(t.model_dump_json() for t in event.top_tokens)
+    return (f'{{"index":{event.index},"token":{token.model_dump_json()},"top_tokens":[{tops}],'
+            '"generated_text":null,"details":null}')
+
+
+def _last_chunk(event: JobEvent, token: EventToken, result: JobResult, spec: JobSpec,
+                body: GenerateRequest) -> str:
+    """The final StreamResponse: the whole text and `details`."""
+    response = StreamResponse(index=event.index, token=_token(token),
+                              top_tokens=[_token(t) for t in event.top_tokens])
+    response.generated_text = _full_text(body.inputs, result.generated_text, body.parameters.return_full_text)
+    response.details = StreamDetails(
+        finish_reason=result.finish_reason,  # type: ignore[arg-type]
+        generated_tokens=result.usage.completion_tokens if result.usage else event.index + 1,
+        seed=result.seed,
+        input_length=len(spec.prompt_ids),
+    )
+    return response.model_dump_json()
+
+
 async def _stream(ctx: ApiContext, spec: JobSpec, body: GenerateRequest) -> AsyncIterator[str]:
-    async for event in ctx.follow(spec.id):
-        if event is None:
+    async for batch in ctx.follow(spec.id):
+        if batch is None:
             yield KEEP_ALIVE
             continue
-        result = event.result
-        if event.token is None:  # a job that ended without a token of its own
-            yield _failed(result)
-            return
-        response = StreamResponse(index=event.index, token=_token(event.token),
-                                  top_tokens=[_token(t) for t in event.top_tokens])
-        if event.final and result is not None:
-            if result.status is not JobStatus.SUCCEEDED:
-                yield _failed(result)
-                return
-            response.generated_text = _full_text(body.inputs, result.generated_text,
-                                                 body.parameters.return_full_text)
-            response.details = StreamDetails(
-                finish_reason=result.finish_reason,  # type: ignore[arg-type]
-                generated_tokens=result.usage.completion_tokens if result.usage else event.index + 1,
-                seed=result.seed,
-                input_length=len(spec.prompt_ids),
-            )
-        yield sse(response.model_dump_json(), event.index)
+        chunks: list[str] = []  # the batch's events, one write
+        for event in batch:
+            result, token = event.result, event.token
+            if token is None:  # a job that ended without a token of its own
+                chunks.append(_failed(result))
+            elif not event.final:
+                chunks.append(sse(_token_chunk(event, token), event.index))
+            elif result is None or result.status is not JobStatus.SUCCEEDED:
+                chunks.append(_failed(result))
+            else:
+                chunks.append(sse(_last_chunk(event, token, result, spec, body), event.index))
+            if event.final or token is None:
+                break
+        yield "".join(chunks)
 
 
 @router.post("/generate_stream", response_class=StreamingResponse,

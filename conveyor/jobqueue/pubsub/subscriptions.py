@@ -41,7 +41,7 @@ from conveyor.wire.job import JobEvent
 
 log = logging.getLogger("conveyor.api.jobpath.relay")
 
-CLIENT_BUFFER = 1024  # events a listener may fall behind before it re-reads the event stream
+CLIENT_BUFFER = 1024  # live messages a listener may fall behind before it re-reads the event stream
 READ_TIMEOUT_S = 1.0
 PING_S = 5.0  # an idle connection is pinged this often...
 PONG_TIMEOUT_S = 5.0  # ...and counts as lost when the answer takes longer
@@ -66,12 +66,14 @@ class Sink(Protocol):
 
 @dataclass(eq=False)
 class Listener:
-    """One client's bounded queue of one job's events."""
+    """One client's bounded queue of one job's events: each item a live message's events of the job
+    (in order), or a signal."""
 
-    queue: asyncio.Queue[JobEvent | Signal] = field(default_factory=lambda: asyncio.Queue(CLIENT_BUFFER))
+    queue: asyncio.Queue[list[JobEvent] | Signal] = field(
+        default_factory=lambda: asyncio.Queue(CLIENT_BUFFER))
     overflowed: bool = False  # events were dropped: re-read the event stream
 
-    def put(self, item: JobEvent | Signal) -> None:
+    def put(self, item: list[JobEvent] | Signal) -> None:
         try:
             self.queue.put_nowait(item)
         except asyncio.QueueFull:
