@@ -34,6 +34,7 @@ from conveyor.jobqueue.depth import QueuePlace
 from conveyor.jobqueue.keys import Keys
 from conveyor.jobqueue.models import ModelCatalog
 from conveyor.jobqueue.spread import check_spread
+from conveyor.launcher.heap import freeze_startup_heap
 from conveyor.settings import Settings
 from conveyor.telemetry import prom
 from conveyor.telemetry.logs import redact_values
@@ -116,6 +117,7 @@ def create_app(settings: Settings, model_dir: Path, model_id: str,
         )
         app.state.batch_runner = BatchRunner(app.state.context, metrics)
         app.state.batch_runner.start()  # advances the batches (conveyor/api/batch/runner.py)
+        freeze_startup_heap("api")
         try:
             yield
         finally:

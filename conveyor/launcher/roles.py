@@ -128,6 +128,7 @@ def run_worker(settings: Settings, worker_id: str | None) -> int:
     from redis.exceptions import ConnectionError as RedisConnectionError
 
     from conveyor.engine.off_main import build_off_main
+    from conveyor.launcher.heap import freeze_startup_heap
     from conveyor.telemetry import prom
     from conveyor.telemetry.logs import bind, redact
     from conveyor.telemetry.tracing import Tracing
@@ -170,6 +171,7 @@ def run_worker(settings: Settings, worker_id: str | None) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal)
+        freeze_startup_heap("worker")  # the model and its engine are built: what serving makes is small
         try:
             await worker.run()
         except RedisConnectionError as exc:
