@@ -119,7 +119,7 @@ class JobStore:
         """Admits and writes the job; with an Idempotency-Key seen before, answers that job instead.
         `followed`: this request follows the job's events (sync and streaming requests), so its record
         is `watched` from the start and its worker publishes its tokens live from the first on; async
-        jobs and Batch lines are not, until a relay follows them (Relay.events)."""
+        jobs and Batch lines are not, until a relay follows them (Relay.batches)."""
         idem = self.keys.idempotency(spec.tenant, idempotency_key) if idempotency_key else None
         claim = f"{spec.id} {spec.created_at} {fingerprint}"
         if idem is not None:
@@ -250,7 +250,7 @@ class JobStore:
     async def end_queued(self, job_id: str, status: JobStatus) -> bool:
         """Ends a job that no worker has started (cancelled or expired); False if it had started.
         Its followers get the final event live (one that misses it reads it from the event stream
-        at its next keep-alive: Relay.events)."""
+        at its next keep-alive: Relay.batches)."""
         result = JobResult.final(status)
         event = dump_events([JobEvent.ending(0, result)])
         watched = await self._end_queued(

@@ -59,7 +59,7 @@ APPEND_FIELDS = ("entry id", "events JSON", "first token (0/1)", "final (0/1)", 
 # batch's last index, so a duplicate is refused); milestones; on the final event the record (with the
 # final event's index, what a replay after the window needs) and the TTLs: the record's `result_ttl`,
 # the per-token events' `replay_window` (docs/operations/redis.md#memory-per-job). And it says
-# which api processes follow each job (the record's `watched`, Relay.events), for the worker's live path
+# which api processes follow each job (the record's `watched`, Relay.batches), for the worker's live path
 # (conveyor/worker/coalesce.py); the live messages themselves go out after it in the same pipeline
 # (conveyor/worker/publisher.py). Only a refused duplicate counts as "already there": any other XADD
 # error (OOM under maxmemory) is the script's error, so the publisher retries the step instead of
